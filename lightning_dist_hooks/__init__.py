@@ -1,0 +1,37 @@
+"""Distributed hooks for PyTorch Lightning: choose the backend, the rendezvous and the sampler.
+
+Change one import::
+
+    from lightning_dist_hooks import Trainer
+
+and everything behaves as ``pytorch_lightning.Trainer`` until you use the new flags
+(``torch_dist_backend``, ``torch_dist_init_method``) or override the LightningModule hooks
+``setup_distributed_backend`` and ``configure_sampler``.
+"""
+
+from lightning_dist_hooks.hooks import (
+    DistributedHooksMixin,
+    LightningModule,
+    default_setup_distributed_backend,
+    lightning_default_sampler,
+)
+from lightning_dist_hooks.init_methods import InitMethod, Rendezvous, register_init_method
+from lightning_dist_hooks.process_group import DistributedSetupError
+from lightning_dist_hooks.sampling import SamplerHookError
+from lightning_dist_hooks.trainer import DistributedHooksTrainerMixin, Trainer
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "DistributedHooksMixin",
+    "DistributedHooksTrainerMixin",
+    "DistributedSetupError",
+    "InitMethod",
+    "LightningModule",
+    "Rendezvous",
+    "SamplerHookError",
+    "Trainer",
+    "default_setup_distributed_backend",
+    "lightning_default_sampler",
+    "register_init_method",
+]

@@ -1,0 +1,65 @@
+"""Checking a ``torch_dist_backend`` value before any process starts.
+
+A wrong backend name otherwise surfaces minutes later, inside every rank, as a C++ error from
+``init_process_group``. Here it is a ``ValueError`` at ``Trainer(...)`` that lists what this build offers.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+# Backends torch itself knows; any of them may be missing from a given build (PyPI wheels lack mpi and ucc).
+NATIVE_BACKENDS = ("gloo", "nccl", "mpi", "ucc", "xccl")
+
+_HOW_TO_GET_NATIVE = {
+    "nccl": "install a CUDA build of torch and run on NVIDIA GPUs; for CPU training use torch_dist_backend='gloo'",
+    "mpi": "build torch from source against your MPI, or use torch_dist_backend='gloo'",
+    "ucc": "build torch from source with USE_UCC=1, or use torch_dist_backend='gloo'",
+    "xccl": "install an XPU build of torch and run on Intel GPUs",
+    "gloo": "install a torch build with distributed support",
+}
+
+
+def available_backends() -> list[str]:
+    """Backend names this torch build can create now, registered third-party backends included."""
+    return [name for name in dist.Backend.backend_list if name != "undefined" and dist.is_backend_available(name)]
+
+
+def normalize_backend(backend: str) -> str:
+    """Return ``backend`` lower-cased after checking that this torch build can create it.
+
+    Composite values such as ``"cpu:gloo,cuda:nccl"`` are checked part by part.
+
+    >>> normalize_backend("GLOO")
+    'gloo'
+    """
+    if not isinstance(backend, str):
+        raise TypeError(f"torch_dist_backend must be a string or None, got {backend!r} ({type(backend).__name__}).")
+    name = backend.strip().lower()
+    for part in name.split(","):
+        _check_single_backend(backend, part.split(":")[-1].strip())
+    return name
+
+
+def _check_single_backend(given: str, name: str) -> None:
+    if name in NATIVE_BACKENDS and not dist.is_backend_available(name):
+        raise ValueError(
+            f"torch_dist_backend={given!r}: this torch build ({torch.__version__}) has no {name!r} backend. "
+            f"To use it, {_HOW_TO_GET_NATIVE[name]}. Backends this build offers: {', '.join(available_backends())}."
+        )
+    if name not in dist.Backend.backend_list or name == "undefined":
+        raise ValueError(
+            f"torch_dist_backend={given!r} is not a torch.distributed backend. Backends this build offers: "
+            f"{', '.join(available_backends())}; a third-party backend must be registered with "
+            "torch.distributed.Backend.register_backend(...) before Trainer(...) is created."
+        )
+
+
+def check_backend_fits_devices(backend: str, uses_cuda: bool) -> None:
+    """NCCL runs only between CUDA devices: say so before a CPU run tries it."""
+    if "nccl" in backend and not uses_cuda and ":" not in backend:
+        raise ValueError(
+            f"torch_dist_backend={backend!r} needs CUDA devices, but this Trainer's accelerator is not CUDA. "
+            "Use torch_dist_backend='gloo' for CPU training, or Trainer(accelerator='cuda')."
+        )

@@ -1,0 +1,198 @@
+"""``torch_dist_init_method`` values: one small handler per URL scheme, looked up in a registry.
+
+Each handler does two things at two different times:
+
+* ``validate(url)`` runs in ``Trainer(...)``, before any process starts, and turns a bad value into a
+  ``ValueError`` that names the value and the fix;
+* ``prepare(url, cluster_environment)`` runs on every rank just before the process group is created and
+  returns the :class:`Rendezvous` to hand to ``setup_distributed_backend``.
+
+Like ``torch.distributed.rendezvous``, new schemes plug in with :func:`register_init_method`.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import re
+import tempfile
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+from urllib.parse import SplitResult, urlsplit
+
+from lightning_fabric.plugins.environments import ClusterEnvironment
+
+
+@dataclass(frozen=True)
+class Rendezvous:
+    """What one rank uses to meet the others.
+
+    ``init_method`` is passed to ``setup_distributed_backend``; ``file``, when set, is a rendezvous file this
+    package created and removes when the process group is finished with.
+    """
+
+    init_method: str
+    file: Optional[Path] = None
+
+
+class InitMethod(ABC):
+    """A scheme handler: subclasses set ``scheme`` and implement both methods."""
+
+    scheme: str = ""
+
+    @abstractmethod
+    def validate(self, url: str, parts: SplitResult) -> str:
+        """Return the URL to keep, or raise ``ValueError`` naming ``url`` and the fix."""
+
+    @abstractmethod
+    def prepare(self, url: str, cluster_environment: ClusterEnvironment) -> Rendezvous:
+        """Get this rank ready to rendezvous through ``url``."""
+
+
+class EnvInitMethod(InitMethod):
+    """``env://``: torch reads ``MASTER_ADDR``/``MASTER_PORT``, which Lightning takes from the cluster environment."""
+
+    scheme = "env"
+
+    def validate(self, url: str, parts: SplitResult) -> str:
+        if parts.netloc or parts.path not in ("", "/"):
+            raise ValueError(
+                f"torch_dist_init_method={url!r}: env:// takes no address; the address comes from MASTER_ADDR and "
+                "MASTER_PORT (or your cluster environment). Use 'env://', or 'tcp://HOST:PORT' to name one."
+            )
+        return "env://"
+
+    def prepare(self, url: str, cluster_environment: ClusterEnvironment) -> Rendezvous:
+        # Exactly what Lightning's own ``_init_dist_connection`` does before ``init_process_group``.
+        os.environ["MASTER_ADDR"] = cluster_environment.main_address
+        os.environ["MASTER_PORT"] = str(cluster_environment.main_port)
+        return Rendezvous("env://")
+
+
+_HOSTNAME = re.compile(r"^(?=.{1,253}$)[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*\.?$")
+
+
+class TcpInitMethod(InitMethod):
+    """``tcp://HOST:PORT``: rank 0 listens on HOST:PORT, the other ranks connect to it."""
+
+    scheme = "tcp"
+
+    def validate(self, url: str, parts: SplitResult) -> str:
+        host = parts.hostname or ""
+        try:
+            port = parts.port
+        except ValueError:
+            port = -1
+        if port is None or not 0 < port < 65536:
+            raise ValueError(
+                f"torch_dist_init_method={url!r} needs a port between 1 and 65535 that rank 0 can listen on, "
+                "e.g. 'tcp://10.0.0.1:29500'."
+            )
+        # Syntax only: the launching node may not resolve compute-node names, so no DNS lookup here.
+        if not (_is_ip_address(host) or _HOSTNAME.match(host)):
+            raise ValueError(
+                f"torch_dist_init_method={url!r}: {host!r} is not a host name or IP address. "
+                "Give rank 0's address, e.g. 'tcp://10.0.0.1:29500' or 'tcp://node001:29500'."
+            )
+        return url
+
+    def prepare(self, url: str, cluster_environment: ClusterEnvironment) -> Rendezvous:
+        return Rendezvous(url)
+
+
+def _is_ip_address(host: str) -> bool:
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    return True
+
+
+def _can_create_files_in(directory: Path) -> bool:
+    # A real probe file, not os.access: access() says yes to root everywhere, and knows nothing of
+    # read-only mounts or quotas on a shared filesystem.
+    try:
+        descriptor, probe = tempfile.mkstemp(dir=directory, prefix=".lightning-dist-hooks-probe-")
+    except OSError:
+        return False
+    os.close(descriptor)
+    os.unlink(probe)
+    return True
+
+
+class FileInitMethod(InitMethod):
+    """``file:///ABSOLUTE/PATH``: ranks meet through a file on a filesystem they all share; nobody listens."""
+
+    scheme = "file"
+
+    def validate(self, url: str, parts: SplitResult) -> str:
+        path = Path(parts.path)
+        if parts.netloc or not path.is_absolute():
+            shown = f"{parts.netloc}{parts.path}"
+            raise ValueError(
+                f"torch_dist_init_method={url!r}: the rendezvous file must be an absolute path, but {shown!r} is "
+                "relative. Write three slashes before an absolute path, e.g. 'file:///shared/run42/rendezvous'."
+            )
+        directory = path.parent
+        if not directory.is_dir():
+            raise ValueError(
+                f"torch_dist_init_method={url!r}: the directory {str(directory)!r} does not exist. "
+                "Create it on a filesystem every node shares, or name another one."
+            )
+        if not _can_create_files_in(directory):
+            raise ValueError(
+                f"torch_dist_init_method={url!r}: the directory {str(directory)!r} is not writable by this user, "
+                "so the rendezvous file cannot be created there. Choose a directory you can write to."
+            )
+        if path.is_dir():
+            raise ValueError(
+                f"torch_dist_init_method={url!r} names a directory; name the rendezvous file inside it, "
+                f"e.g. 'file://{path / 'rendezvous'}'."
+            )
+        return f"file://{path}"
+
+    def prepare(self, url: str, cluster_environment: ClusterEnvironment) -> Rendezvous:
+        path = Path(urlsplit(url).path)
+        # torch's FileStore would create the file world-readable; creating it first (every rank, before any
+        # rank's FileStore opens it) keeps it private to the user. O_CREAT never changes an existing file's mode.
+        os.close(os.open(path, os.O_CREAT | os.O_RDWR, 0o600))
+        return Rendezvous(url, file=path)
+
+
+_REGISTRY: dict[str, InitMethod] = {}
+
+
+def register_init_method(handler: InitMethod) -> None:
+    """Make ``torch_dist_init_method`` accept URLs of ``handler.scheme`` (replacing any earlier handler)."""
+    _REGISTRY[handler.scheme] = handler
+
+
+for _handler in (EnvInitMethod(), TcpInitMethod(), FileInitMethod()):
+    register_init_method(_handler)
+
+
+def validate_init_method(url: str) -> str:
+    """Check ``url`` before any process starts; return the form to keep.
+
+    >>> validate_init_method("tcp://127.0.0.1:29500")
+    'tcp://127.0.0.1:29500'
+    """
+    if not isinstance(url, str):
+        raise TypeError(f"torch_dist_init_method must be a string or None, got {url!r} ({type(url).__name__}).")
+    parts = urlsplit(url.strip())
+    handler = _REGISTRY.get(parts.scheme.lower())
+    if handler is None:
+        problem = f"has an unknown scheme {parts.scheme!r}" if parts.scheme else "has no scheme"
+        raise ValueError(
+            f"torch_dist_init_method={url!r} {problem}. Use one of: "
+            f"{', '.join(scheme + '://' for scheme in sorted(_REGISTRY))} (or None for Lightning's default)."
+        )
+    return handler.validate(url.strip(), parts)
+
+
+def prepare_rendezvous(url: Optional[str], cluster_environment: ClusterEnvironment) -> Rendezvous:
+    """On one rank: get ready to meet the others through ``url`` (None means Lightning's ``env://``)."""
+    url = url or "env://"
+    return _REGISTRY[urlsplit(url).scheme.lower()].prepare(url, cluster_environment)

@@ -1,0 +1,83 @@
+"""Creating the default process group through ``setup_distributed_backend``, and finishing it at exit."""
+
+from __future__ import annotations
+
+import logging
+from multiprocessing.util import Finalize
+from typing import Optional
+
+import torch.distributed
+from pytorch_lightning.strategies import ParallelStrategy
+from pytorch_lightning.utilities.rank_zero import rank_zero_info
+from torch.distributed.constants import default_pg_timeout
+
+from lightning_dist_hooks import _lightning_internals
+from lightning_dist_hooks.hooks import default_setup_distributed_backend, user_hook
+from lightning_dist_hooks.init_methods import Rendezvous, prepare_rendezvous
+
+log = logging.getLogger(__name__)
+
+# Runs before multiprocessing's own exit handlers of lower priority; the value only orders finalizers.
+_FINISH_PRIORITY = 100
+
+
+class DistributedSetupError(RuntimeError):
+    """``setup_distributed_backend`` failed, or returned without the process group the Trainer needs."""
+
+
+def create_process_group(strategy: ParallelStrategy, init_method: Optional[str]) -> None:
+    """Create this rank's default process group through the LightningModule's ``setup_distributed_backend``.
+
+    Called on every rank after the strategy knows its ranks and before any collective. The group and the
+    rendezvous file (if any) are finished when the process exits, as Lightning keeps a group for the
+    process's lifetime.
+    """
+    rank, world_size = strategy.global_rank, strategy.world_size
+    backend = _lightning_internals.resolved_process_group_backend(strategy)
+    timeout = _lightning_internals.process_group_timeout(strategy) or default_pg_timeout
+    assert strategy.cluster_environment is not None
+    rendezvous = prepare_rendezvous(init_method, strategy.cluster_environment)
+    # Registered before the hook runs, so that a failing hook still leaves no rendezvous file behind.
+    Finalize(None, _finish_process_group, args=(rendezvous,), exitpriority=_FINISH_PRIORITY)
+
+    hook = user_hook(strategy.lightning_module, "setup_distributed_backend") or default_setup_distributed_backend
+    log.info(f"Initializing distributed: GLOBAL_RANK: {rank}, MEMBER: {rank + 1}/{world_size}")
+    try:
+        hook(backend, rendezvous.init_method, rank, world_size, timeout)
+    except Exception as error:
+        raise DistributedSetupError(
+            f"setup_distributed_backend raised {type(error).__name__} on rank {rank} of {world_size} "
+            f"(backend={backend!r}, init_method={rendezvous.init_method!r}): {error}"
+        ) from error
+    check_default_group(rank, world_size)
+    rank_zero_info(
+        f"{'-' * 100}\ndistributed_backend={backend}, init_method={rendezvous.init_method}\n"
+        f"All distributed processes registered. Starting with {world_size} processes\n{'-' * 100}\n"
+    )
+
+
+def check_default_group(rank: int, world_size: int) -> None:
+    """Raise ``DistributedSetupError`` unless the default group exists with this rank and world size."""
+    if not torch.distributed.is_initialized():
+        raise DistributedSetupError(
+            f"setup_distributed_backend returned on rank {rank} without creating the default process group. "
+            "Call torch.distributed.init_process_group(...) in it (or super().setup_distributed_backend(...))."
+        )
+    actual = (torch.distributed.get_rank(), torch.distributed.get_world_size())
+    if actual != (rank, world_size):
+        raise DistributedSetupError(
+            f"setup_distributed_backend created a process group with rank {actual[0]} and world size {actual[1]}, "
+            f"but this Trainer expects rank {rank} and world size {world_size}. Pass the rank and world_size the "
+            "hook receives to init_process_group."
+        )
+
+
+def _finish_process_group(rendezvous: Rendezvous) -> None:
+    if torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()
+    if rendezvous.file is not None:
+        # Every rank removes the file after destroying its own group. A FileStore recreates a missing file
+        # only from inside its destructor, which the destroy above has already run (or which, deferred to
+        # interpreter exit, then finds no file and does nothing).
+        rendezvous.file.unlink(missing_ok=True)
+

@@ -1,0 +1,91 @@
+"""Letting the flags and ``setup_distributed_backend`` create the process group of any strategy that makes one.
+
+The Trainer gets its strategy from a string (``"ddp_spawn"``, ``"fsdp"``, ...) or from the user's own instance,
+possibly of the user's own subclass. To keep every setting and the instance itself, the Trainer gives that
+instance a generated subclass of its own class whose only change is that ``setup_environment`` first creates
+the process group our way. Lightning's code that follows then finds the
+group initialised and skips its own ``env://`` bootstrap, which it does by design.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import torch.distributed
+from pytorch_lightning.strategies import DDPStrategy, FSDPStrategy, ModelParallelStrategy, Strategy
+
+from lightning_dist_hooks import _lightning_internals
+from lightning_dist_hooks.backends import check_backend_fits_devices
+from lightning_dist_hooks.config import ProcessGroupConfig
+from lightning_dist_hooks.hooks import user_hook
+from lightning_dist_hooks.process_group import create_process_group
+
+# Strategies whose setup creates the default process group through Lightning's ``_init_dist_connection``.
+# DeepSpeedStrategy subclasses DDPStrategy; DeepSpeed skips its own bootstrap when a group already exists.
+PROCESS_GROUP_STRATEGIES = (DDPStrategy, FSDPStrategy, ModelParallelStrategy)
+
+
+def _setup_environment(self: Any) -> None:
+    """``setup_environment`` of a hooked strategy: our process group first, then the strategy's own setup."""
+    config: ProcessGroupConfig = self._process_group_config
+    takes_over = not config.is_default or user_hook(self.lightning_module, "setup_distributed_backend") is not None
+    if takes_over and not torch.distributed.is_initialized():
+        self.set_world_ranks()
+        create_process_group(self, config.init_method)
+    self._unhooked_class.setup_environment(self)
+
+
+def _reduce_ex(self: Any, protocol: Any) -> tuple[Callable[[type], Any], tuple[type], Any]:
+    # ``ddp_spawn`` pickles the strategy to its children; the generated class has no importable name,
+    # so pickle the original class and generate the subclass again on the other side.
+    return _new_hooked_strategy, (self._unhooked_class,), self.__getstate__()
+
+
+_hooked_classes: dict[type, type] = {}
+
+
+def _hooked_class(strategy_class: type) -> type:
+    if strategy_class in _hooked_classes.values():
+        return strategy_class
+    if strategy_class not in _hooked_classes:
+        # The methods go in the class body rather than in a mixin base placed first: CPython refuses
+        # ``__class__`` assignment when such a base changes the instance layout flags.
+        _hooked_classes[strategy_class] = type(
+            strategy_class.__name__,  # logs and messages keep naming the user's strategy
+            (strategy_class,),
+            {
+                "__module__": __name__,
+                "_unhooked_class": strategy_class,
+                "setup_environment": _setup_environment,
+                "__reduce_ex__": _reduce_ex,
+            },
+        )
+    return _hooked_classes[strategy_class]
+
+
+def _new_hooked_strategy(strategy_class: type) -> Any:
+    hooked = _hooked_class(strategy_class)
+    return hooked.__new__(hooked)
+
+
+def creates_process_group(strategy: Strategy) -> bool:
+    return isinstance(strategy, PROCESS_GROUP_STRATEGIES)
+
+
+def attach_process_group_config(strategy: Strategy, config: ProcessGroupConfig, uses_cuda: bool) -> None:
+    """Check ``config`` against ``strategy`` and make the strategy create its group through the hooks.
+
+    Raises ``ValueError`` when the strategy was given a different ``process_group_backend``, or when the backend
+    does not fit the devices. The strategy's other settings are untouched.
+    """
+    if config.backend is not None:
+        requested = _lightning_internals.requested_process_group_backend(strategy)
+        if requested is not None and requested.lower() != config.backend:
+            raise ValueError(
+                f"torch_dist_backend={config.backend!r} conflicts with {type(strategy).__name__}("
+                f"process_group_backend={requested!r}). Give the backend in one place only: drop one of them."
+            )
+        check_backend_fits_devices(config.backend, uses_cuda)
+        _lightning_internals.set_process_group_backend(strategy, config.backend)
+    strategy.__class__ = _hooked_class(type(strategy))
+    strategy._process_group_config = config  # type: ignore[attr-defined]

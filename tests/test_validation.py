@@ -1,0 +1,128 @@
+"""Bad input fails in ``Trainer(...)``, before any process starts, with the value, the reason and the fix."""
+
+from __future__ import annotations
+
+import os
+import re
+import warnings
+from pathlib import Path
+
+import pytest
+import torch.distributed as dist
+from pytorch_lightning.strategies import DDPStrategy
+
+from lightning_dist_hooks import Trainer
+from lightning_dist_hooks.backends import check_backend_fits_devices
+
+
+def make_trainer(**kwargs):
+    options = dict(accelerator="cpu", devices=2, strategy="ddp", logger=False, enable_checkpointing=False)
+    options.update(kwargs)
+    return Trainer(**options)
+
+
+def test_unknown_backend_lists_the_backends_this_build_offers():
+    with pytest.raises(ValueError, match=r"torch_dist_backend='glooo' is not a torch.distributed backend") as error:
+        make_trainer(torch_dist_backend="glooo")
+    assert re.search(r"offers: .*gloo", str(error.value))
+    assert "register_backend" in str(error.value)
+
+
+def test_backend_name_is_case_insensitive():
+    assert make_trainer(torch_dist_backend="GLOO").torch_dist_backend == "gloo"
+
+
+@pytest.mark.parametrize("backend", [name for name in ("ucc", "nccl", "xccl") if not dist.is_backend_available(name)])
+def test_native_backend_missing_from_this_build_says_so_and_what_to_do(backend):
+    with pytest.raises(ValueError, match=rf"this torch build \(.*\) has no '{backend}' backend. To use it, "):
+        make_trainer(torch_dist_backend=backend)
+
+
+@pytest.mark.skipif(dist.is_nccl_available(), reason="this torch build has NCCL; the error below is for CPU builds")
+def test_nccl_on_a_cpu_build_suggests_gloo():
+    with pytest.raises(ValueError, match=r"for CPU training use torch_dist_backend='gloo'"):
+        make_trainer(torch_dist_backend="nccl")
+
+
+def test_nccl_without_cuda_devices_suggests_gloo():
+    # Checked directly: on a CPU-only torch build the missing-NCCL error above comes first.
+    with pytest.raises(ValueError, match=r"'nccl' needs CUDA devices.*Use torch_dist_backend='gloo'"):
+        check_backend_fits_devices("nccl", uses_cuda=False)
+    check_backend_fits_devices("nccl", uses_cuda=True)
+
+
+def test_a_registered_third_party_backend_is_accepted():
+    name = "ldh_test_backend"
+    if name not in dist.Backend.backend_list:
+        dist.Backend.register_backend(name, lambda *args: None, devices=["cpu"])
+    assert make_trainer(torch_dist_backend=name.upper()).torch_dist_backend == name
+
+
+def test_backend_conflicting_with_the_strategy_is_an_error():
+    with pytest.raises(ValueError, match=r"torch_dist_backend='gloo' conflicts with DDPStrategy\(process_group_backend='nccl'\)"):
+        make_trainer(strategy=DDPStrategy(process_group_backend="nccl"), torch_dist_backend="gloo")
+
+
+def test_the_same_backend_in_both_places_is_fine():
+    trainer = make_trainer(strategy=DDPStrategy(process_group_backend="gloo"), torch_dist_backend="Gloo")
+    assert trainer.strategy.process_group_backend == "gloo"
+
+
+def test_backend_must_be_a_string():
+    with pytest.raises(TypeError, match=r"torch_dist_backend must be a string or None, got 3"):
+        make_trainer(torch_dist_backend=3)
+
+
+@pytest.mark.parametrize(
+    ("init_method", "message"),
+    [
+        ("udp://127.0.0.1:1234", r"unknown scheme 'udp'. Use one of: env://, file://, tcp://"),
+        ("127.0.0.1:1234", r"has no scheme. Use one of: env://, file://, tcp://"),
+        ("tcp://127.0.0.1", r"needs a port between 1 and 65535"),
+        ("tcp://127.0.0.1:0", r"needs a port between 1 and 65535"),
+        ("tcp://127.0.0.1:99999", r"needs a port between 1 and 65535"),
+        ("tcp://127.0.0.1:http", r"needs a port between 1 and 65535"),
+        ("tcp://bad_host!:29500", r"'bad_host!' is not a host name or IP address"),
+        ("tcp://:29500", r"'' is not a host name or IP address"),
+        ("env://127.0.0.1:29500", r"env:// takes no address"),
+        ("file://relative/rendezvous", r"must be an absolute path, but 'relative/rendezvous' is relative"),
+        ("file:rendezvous", r"must be an absolute path, but 'rendezvous' is relative"),
+        ("file:///no/such/directory/rendezvous", r"the directory '/no/such/directory' does not exist"),
+    ],
+)
+def test_bad_init_method_names_the_value_and_the_fix(init_method, message):
+    with pytest.raises(ValueError, match=re.escape(f"torch_dist_init_method={init_method!r}")) as error:
+        make_trainer(torch_dist_init_method=init_method)
+    assert re.search(message, str(error.value)), str(error.value)
+
+
+@pytest.mark.parametrize("init_method", ["env://", "tcp://127.0.0.1:29500", "tcp://[::1]:29500", "tcp://node-7.cluster:29500"])
+def test_good_init_methods_are_kept(init_method):
+    assert make_trainer(torch_dist_init_method=init_method).torch_dist_init_method == init_method
+
+
+def test_file_init_method_in_an_unwritable_directory(tmp_path: Path):
+    # root may write anywhere permissions allow; /proc refuses new files even to root.
+    directory = Path("/proc") if os.geteuid() == 0 else tmp_path
+    if os.geteuid() != 0:
+        tmp_path.chmod(0o500)
+    with pytest.raises(ValueError, match=rf"the directory '{directory}' is not writable by this user"):
+        make_trainer(torch_dist_init_method=f"file://{directory}/rendezvous")
+    assert not [path for path in tmp_path.iterdir()], "the writability probe must not leave files behind"
+
+
+def test_file_init_method_naming_a_directory(tmp_path: Path):
+    with pytest.raises(ValueError, match=r"names a directory; name the rendezvous file inside it"):
+        make_trainer(torch_dist_init_method=f"file://{tmp_path}")
+
+
+def test_flags_on_a_run_without_a_process_group_warn_that_they_are_ignored():
+    with pytest.warns(UserWarning, match=r"torch_dist_backend='gloo' .* are ignored: SingleDeviceStrategy creates no process group"):
+        make_trainer(devices=1, strategy="auto", torch_dist_backend="gloo")
+
+
+def test_no_warning_without_flags_on_one_device():
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        make_trainer(devices=1, strategy="auto")
+    assert not [w for w in caught if "ignored" in str(w.message)]
