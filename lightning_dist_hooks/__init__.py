@@ -9,6 +9,15 @@ and everything behaves as ``pytorch_lightning.Trainer`` until you use the new fl
 ``setup_distributed_backend`` and ``configure_sampler``.
 """
 
+from lightning_dist_hooks.environments import (
+    FluxEnvironment,
+    HydraEnvironment,
+    MVAPICH2Environment,
+    OpenMPIEnvironment,
+    PALSEnvironment,
+    SchedulerEnvironment,
+    detect_cluster_environment,
+)
 from lightning_dist_hooks.hooks import (
     DistributedHooksMixin,
     LightningModule,
@@ -16,6 +25,7 @@ from lightning_dist_hooks.hooks import (
     lightning_default_sampler,
 )
 from lightning_dist_hooks.init_methods import InitMethod, Rendezvous, register_init_method
+from lightning_dist_hooks.job_identity import job_identity
 from lightning_dist_hooks.process_group import DistributedSetupError
 from lightning_dist_hooks.sampling import SamplerHookError
 from lightning_dist_hooks.trainer import DistributedHooksTrainerMixin, Trainer
@@ -26,12 +36,20 @@ __all__ = [
     "DistributedHooksMixin",
     "DistributedHooksTrainerMixin",
     "DistributedSetupError",
+    "FluxEnvironment",
+    "HydraEnvironment",
     "InitMethod",
     "LightningModule",
+    "MVAPICH2Environment",
+    "OpenMPIEnvironment",
+    "PALSEnvironment",
     "Rendezvous",
     "SamplerHookError",
+    "SchedulerEnvironment",
     "Trainer",
     "default_setup_distributed_backend",
+    "detect_cluster_environment",
+    "job_identity",
     "lightning_default_sampler",
     "register_init_method",
 ]

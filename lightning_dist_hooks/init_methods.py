@@ -12,6 +12,7 @@ Like ``torch.distributed.rendezvous``, new schemes plug in with :func:`register_
 
 from __future__ import annotations
 
+import hashlib
 import ipaddress
 import os
 import re
@@ -30,11 +31,13 @@ class Rendezvous:
     """What one rank uses to meet the others.
 
     ``init_method`` is passed to ``setup_distributed_backend``; ``file``, when set, is a rendezvous file this
-    package created and removes when the process group is finished with.
+    package created and removes when the process group is finished with, and ``claim`` this rank's claim on it
+    (see :class:`FileInitMethod`), removed after the file.
     """
 
     init_method: str
     file: Optional[Path] = None
+    claim: Optional[Path] = None
 
 
 class InitMethod(ABC):
@@ -99,6 +102,10 @@ class TcpInitMethod(InitMethod):
         return url
 
     def prepare(self, url: str, cluster_environment: ClusterEnvironment) -> Rendezvous:
+        # Under torchrun, TORCHELASTIC_USE_AGENT_STORE=True makes init_process_group take tcp://HOST:PORT for the
+        # agent's own store and connect every rank, rank 0 too, as a client: nobody would listen on the port named
+        # here, and all ranks would wait until the timeout. tcp://HOST:PORT means rank 0 listens there.
+        os.environ.pop("TORCHELASTIC_USE_AGENT_STORE", None)
         return Rendezvous(url)
 
 
@@ -123,7 +130,32 @@ def _can_create_files_in(directory: Path) -> bool:
 
 
 class FileInitMethod(InitMethod):
-    """``file:///ABSOLUTE/PATH``: ranks meet through a file on a filesystem they all share; nobody listens."""
+    """``file:///ABSOLUTE/PATH``: ranks meet through a file on a filesystem they all share; nobody listens.
+
+    ``file:///DIR/`` (a trailing slash, or an existing directory) means one file per launch inside DIR, named
+    by :func:`rendezvous_file_for_job` from the job identity; ``Trainer(...)`` resolves it before any process
+    starts (``ddp_spawn`` children receive the resolved path, ``ddp`` children and externally launched ranks
+    resolve the same one from the same identity).
+
+    **Leftover files.** torch's FileStore must start from a missing or empty file: one left by an earlier run
+    (a crash, a kill) deadlocks or connects the wrong processes. The per-launch identity avoids reuse where the
+    launcher names each launch (a SLURM requeue has a new restart count, torchrun a new restart count, Flux a
+    new job id, ``ddp`` a new token). Where an identity can repeat (several ``mpiexec`` in one PBS job, torchrun
+    without ``--rdzv-id``, an explicit path), each rank first claims the file by creating ``FILE.rank<R>.claim``
+    with O_EXCL, and removes its claim only after removing the file at exit. So:
+
+    * a claim for rank R that already exists was made by another process holding rank R with this identity:
+      never by a peer of this launch, which has exactly one rank R. It is an earlier run's (or a concurrent run
+      with the same identity, which is just as wrong), so no false positive is possible;
+    * if the file exists too, it may be that earlier run's, and this rank stops with an error naming both files.
+      (A peer's fresh file would look the same, so nothing is deleted automatically);
+    * if the file does not exist, the earlier run removed it, or never created it: a file that appears later
+      is created by a live process, never by the dead run, so the old claim is harmless and is taken over.
+
+    Every rank that took part in the earlier run finds its claim and stops at once instead of deadlocking; the
+    launchers here (mpirun, srun, torchrun) then stop the other ranks. A rank that had not reached its claim in
+    the earlier run waits at most the process-group timeout.
+    """
 
     scheme = "file"
 
@@ -135,7 +167,8 @@ class FileInitMethod(InitMethod):
                 f"torch_dist_init_method={url!r}: the rendezvous file must be an absolute path, but {shown!r} is "
                 "relative. Write three slashes before an absolute path, e.g. 'file:///shared/run42/rendezvous'."
             )
-        directory = path.parent
+        is_directory = parts.path.endswith("/") or path.is_dir()
+        directory = path if is_directory else path.parent
         if not directory.is_dir():
             raise ValueError(
                 f"torch_dist_init_method={url!r}: the directory {str(directory)!r} does not exist. "
@@ -146,19 +179,48 @@ class FileInitMethod(InitMethod):
                 f"torch_dist_init_method={url!r}: the directory {str(directory)!r} is not writable by this user, "
                 "so the rendezvous file cannot be created there. Choose a directory you can write to."
             )
-        if path.is_dir():
-            raise ValueError(
-                f"torch_dist_init_method={url!r} names a directory; name the rendezvous file inside it, "
-                f"e.g. 'file://{path / 'rendezvous'}'."
-            )
-        return f"file://{path}"
+        return f"file://{path}/" if is_directory else f"file://{path}"
 
     def prepare(self, url: str, cluster_environment: ClusterEnvironment) -> Rendezvous:
         path = Path(urlsplit(url).path)
+        rank = cluster_environment.global_rank()
+        claim = _claim_rendezvous_file(url, path, rank)
         # torch's FileStore would create the file world-readable; creating it first (every rank, before any
         # rank's FileStore opens it) keeps it private to the user. O_CREAT never changes an existing file's mode.
         os.close(os.open(path, os.O_CREAT | os.O_RDWR, 0o600))
-        return Rendezvous(url, file=path)
+        return Rendezvous(url, file=path, claim=claim)
+
+
+def is_rendezvous_directory(url: Optional[str]) -> bool:
+    """Whether ``url`` (validated) is ``file:///DIR/``, to be resolved to one file per launch."""
+    return url is not None and url.startswith("file://") and url.endswith("/")
+
+
+def rendezvous_file_for_job(directory_url: str, identity: str) -> str:
+    """``file:///DIR/ldh-rendezvous-<identity>``: the identity made a file name, plus a hash of it.
+
+    >>> rendezvous_file_for_job("file:///shared/rdzv/", "SLURM_JOB_ID=42,SLURM_STEP_ID=0")
+    'file:///shared/rdzv/ldh-rendezvous-SLURM_JOB_ID-42-SLURM_STEP_ID-0-a03f6c3c'
+    """
+    readable = re.sub(r"[^A-Za-z0-9_.]+", "-", identity)[:150]
+    # Two identities that differ only in characters a file name cannot hold stay apart.
+    digest = hashlib.sha256(identity.encode()).hexdigest()[:8]
+    return f"{directory_url}ldh-rendezvous-{readable}-{digest}"
+
+
+def _claim_rendezvous_file(url: str, path: Path, rank: int) -> Path:
+    claim = path.with_name(f"{path.name}.rank{rank}.claim")
+    try:
+        os.close(os.open(claim, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600))
+    except FileExistsError:
+        if path.exists():
+            raise RuntimeError(
+                f"torch_dist_init_method={url!r}: rank {rank} found {claim} and {path} left by an earlier run with "
+                "the same job identity that did not finish cleanly (or another run with this identity is using "
+                "them now). A reused rendezvous file deadlocks or connects the wrong processes, so this run stops. "
+                f"Once no run uses them, remove {path} and {path}.rank*.claim, then start again."
+            ) from None
+    return claim
 
 
 _REGISTRY: dict[str, InitMethod] = {}

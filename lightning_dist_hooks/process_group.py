@@ -80,4 +80,8 @@ def _finish_process_group(rendezvous: Rendezvous) -> None:
         # only from inside its destructor, which the destroy above has already run (or which, deferred to
         # interpreter exit, then finds no file and does nothing).
         rendezvous.file.unlink(missing_ok=True)
+    if rendezvous.claim is not None:
+        # Only after the file: a claim outliving its file is harmless, a file outliving its claim would not be
+        # recognised as a leftover (see FileInitMethod).
+        rendezvous.claim.unlink(missing_ok=True)
 

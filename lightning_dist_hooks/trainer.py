@@ -3,13 +3,18 @@
 from __future__ import annotations
 
 import inspect
+from dataclasses import replace
 from typing import Any, Optional
 
 import pytorch_lightning as pl
+from lightning_fabric.plugins.environments import ClusterEnvironment
 from pytorch_lightning.accelerators import CUDAAccelerator
 from pytorch_lightning.utilities.rank_zero import rank_zero_warn
 
 from lightning_dist_hooks.config import ProcessGroupConfig
+from lightning_dist_hooks.environments import SchedulerEnvironment, detect_cluster_environment
+from lightning_dist_hooks.init_methods import is_rendezvous_directory
+from lightning_dist_hooks.job_identity import resolve_rendezvous_directory
 from lightning_dist_hooks.sampling import install_sampler_hook
 from lightning_dist_hooks.strategy import attach_process_group_config, creates_process_group
 
@@ -29,8 +34,13 @@ class DistributedHooksTrainerMixin:
         torch_dist_backend: the ``torch.distributed`` backend (``"gloo"``, ``"nccl"``, ``"mpi"``, ``"ucc"``,
             ``"xccl"`` or a registered name; case-insensitive). None keeps Lightning's choice: nccl on CUDA,
             gloo on CPU, or the strategy's ``process_group_backend``.
-        torch_dist_init_method: how ranks meet: ``"env://"``, ``"tcp://HOST:PORT"`` or ``"file:///PATH"``.
-            None keeps Lightning's ``env://`` with the address and port of the cluster environment.
+        torch_dist_init_method: how ranks meet: ``"env://"``, ``"tcp://HOST:PORT"``, ``"file:///PATH"`` or
+            ``"file:///DIR/"`` (one file per launch inside DIR, named from the job identity; ``ValueError`` when
+            the launcher gives none). None keeps Lightning's ``env://`` with the address and port of the cluster
+            environment.
+
+    Unless ``plugins`` or the strategy already hold a ``ClusterEnvironment``, the environment of the launcher that
+    started this process (``lightning_dist_hooks.environments.DETECTION_ORDER``) is added to ``plugins``.
 
     Both are checked here, before any process starts; a bad value raises ``ValueError`` naming it and the fix.
     All other arguments are the parent Trainer's, unchanged.
@@ -53,10 +63,15 @@ class DistributedHooksTrainerMixin:
         **kwargs: Any,
     ) -> None:
         config = ProcessGroupConfig.validated(torch_dist_backend, torch_dist_init_method)
-        super().__init__(*args, **kwargs)
+        super().__init__(*args, **_with_detected_cluster_environment(kwargs))
         trainer: Any = self
         strategy = trainer.strategy
         if creates_process_group(strategy):
+            if is_rendezvous_directory(config.init_method):
+                assert config.init_method is not None
+                config = replace(
+                    config, init_method=resolve_rendezvous_directory(config.init_method, strategy.cluster_environment)
+                )
             attach_process_group_config(strategy, config, uses_cuda=isinstance(trainer.accelerator, CUDAAccelerator))
         elif not config.is_default:
             rank_zero_warn(
@@ -74,8 +89,26 @@ class DistributedHooksTrainerMixin:
 
     @property
     def torch_dist_init_method(self) -> Optional[str]:
-        """The validated ``torch_dist_init_method``, or None for Lightning's ``env://``."""
+        """The validated ``torch_dist_init_method`` (``file:///DIR/`` resolved to this launch's file), or None."""
         return self._process_group_config.init_method
+
+
+def _with_detected_cluster_environment(kwargs: dict[str, Any]) -> dict[str, Any]:
+    """``kwargs`` with the detected scheduler environment added to ``plugins``, unless the user chose one.
+
+    The public route: Lightning takes a ``ClusterEnvironment`` from ``plugins`` before its own detection. Only
+    environments of this package are added; when one of Lightning's detects first, Lightning's own choice stands.
+    """
+    plugins = kwargs.get("plugins")
+    plugin_list = [] if plugins is None else list(plugins) if isinstance(plugins, (list, tuple)) else [plugins]
+    strategy = kwargs.get("strategy")
+    chosen_already = any(isinstance(plugin, ClusterEnvironment) for plugin in plugin_list) or (
+        getattr(strategy, "cluster_environment", None) is not None
+    )
+    detected = None if chosen_already else detect_cluster_environment()
+    if detected is None or not issubclass(detected, SchedulerEnvironment):
+        return kwargs
+    return {**kwargs, "plugins": [*plugin_list, detected()]}
 
 
 class Trainer(DistributedHooksTrainerMixin, pl.Trainer):

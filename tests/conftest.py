@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -94,3 +95,59 @@ def free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         return probe.getsockname()[1]
+
+
+def run_ranks(rank_environments: list[dict[str, str]], flags: list[str], out_dir: Path, cwd: Path,
+              timeout: float = 180) -> JobResult:
+    """Start tests/jobs/fit_job.py once per rank with that rank's environment, as an emulated launcher would."""
+    logs = [cwd / f"rank{rank}.log" for rank in range(len(rank_environments))]
+    processes = []
+    for environment, log in zip(rank_environments, logs):
+        with open(log, "w") as output:
+            processes.append(subprocess.Popen([sys.executable, str(FIT_JOB), "--out", str(out_dir), *flags], cwd=cwd,
+                                              env=environment, stdout=output, stderr=subprocess.STDOUT,
+                                              stdin=subprocess.DEVNULL))
+    try:
+        returncodes = [process.wait(timeout=timeout) for process in processes]
+    except subprocess.TimeoutExpired:
+        for process in processes:
+            process.kill()
+            process.wait(timeout=30)
+        raise AssertionError(f"the ranks did not finish in {timeout} s:\n" + _tails(logs)) from None
+    ranks = {}
+    for record in out_dir.glob("rank*.json") if out_dir.is_dir() else ():
+        data = json.loads(record.read_text())
+        ranks[data["rank"]] = data
+    return JobResult(max(returncodes, key=abs), _tails(logs), out_dir, ranks)
+
+
+def _tails(logs: list[Path]) -> str:
+    return "\n".join(f"===== {log.name}\n{log.read_text()[-4000:]}" for log in logs)
+
+
+def _slurm_daemons_alive(state_dir: Path) -> bool:
+    for name in ("slurmctld", "slurmd", "munged"):
+        try:
+            pid = (state_dir / f"{name}.pid").read_text().strip()
+            if Path(f"/proc/{pid}/comm").read_text().strip() != name:
+                return False
+        except OSError:
+            return False
+    return True
+
+
+@pytest.fixture(scope="session")
+def slurm_cluster():
+    """A running single-node SLURM (.ci/slurm-up.sh); stopped at the end only if this session started it."""
+    missing = [command for command in ("srun", "sbatch", "slurmctld", "slurmd", "munged") if shutil.which(command) is None]
+    if missing:
+        pytest.skip(f"SLURM is not installed ({', '.join(missing)} missing); .ci/install installs slurm-wlm and munge")
+    if os.geteuid() != 0:
+        pytest.skip("starting the test SLURM cluster (.ci/slurm-up.sh) needs root")
+    state_dir = Path(os.environ.get("LDH_SLURM_DIR", "/tmp/ldh-slurm"))
+    started_here = not _slurm_daemons_alive(state_dir)
+    up = subprocess.run(["bash", str(REPO / ".ci" / "slurm-up.sh")], capture_output=True, text=True, timeout=120)
+    assert up.returncode == 0, f".ci/slurm-up.sh failed:\n{up.stdout}\n{up.stderr}"
+    yield state_dir
+    if started_here:
+        subprocess.run(["bash", str(REPO / ".ci" / "slurm-down.sh")], capture_output=True, timeout=120)

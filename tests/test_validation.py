@@ -111,9 +111,11 @@ def test_file_init_method_in_an_unwritable_directory(tmp_path: Path):
     assert not [path for path in tmp_path.iterdir()], "the writability probe must not leave files behind"
 
 
-def test_file_init_method_naming_a_directory(tmp_path: Path):
-    with pytest.raises(ValueError, match=r"names a directory; name the rendezvous file inside it"):
-        make_trainer(torch_dist_init_method=f"file://{tmp_path}")
+@pytest.mark.parametrize("suffix", ["/", ""])
+def test_file_init_method_naming_a_directory_gets_a_file_for_this_launch(tmp_path: Path, suffix):
+    trainer = make_trainer(torch_dist_init_method=f"file://{tmp_path}{suffix}")
+    assert re.fullmatch(rf"file://{tmp_path}/ldh-rendezvous-LIGHTNING_DIST_HOOKS_LAUNCH_TOKEN-[0-9a-f]{{32}}-[0-9a-f]{{8}}",
+                        trainer.torch_dist_init_method)
 
 
 def test_flags_on_a_run_without_a_process_group_warn_that_they_are_ignored():

@@ -20,6 +20,7 @@ from pytorch_lightning.strategies import DDPStrategy, ModelParallelStrategy
 from torch.utils.data import DataLoader, Dataset, Sampler
 
 import lightning_dist_hooks
+from lightning_dist_hooks.environments import SCHEDULER_ENVIRONMENTS
 
 DATASET_SIZE = 24
 
@@ -114,6 +115,8 @@ class JobModule(pl.LightningModule):
             "process_group_backend": dist.get_backend() if dist.is_initialized() else None,
             "store": _default_store_chain(),
             "environment": type(getattr(self.trainer.strategy, "cluster_environment", None)).__name__,
+            "local_rank": self.local_rank,
+            "node_rank": self.trainer.node_rank,
             "pid": os.getpid(),
         }
         out = Path(self.args.out)
@@ -206,6 +209,7 @@ class SuperSamplerHook:
         return super().configure_sampler(dataloader, stage)
 
 
+ENVIRONMENTS = {environment.__name__: environment for environment in SCHEDULER_ENVIRONMENTS}
 SETUP_HOOKS = {"none": None, "record": RecordingSetupHook, "hand-store": HandBuiltStoreSetupHook,
                "no-group": NoGroupSetupHook, "wrong-world": WrongWorldSetupHook, "raise": RaisingSetupHook}
 SAMPLER_HOOKS = {"none": None, "custom": CustomSamplerHook, "keep": KeepLoaderSamplerHook, "super": SuperSamplerHook,
@@ -280,11 +284,14 @@ def main() -> None:
     parser.add_argument("--epochs", type=int, default=2)
     parser.add_argument("--timeout", type=float, default=60)
     parser.add_argument("--hand-store")
+    parser.add_argument("--cluster-environment", choices=sorted(ENVIRONMENTS),
+                        help="pass this environment in plugins=[...] instead of letting the Trainer detect one")
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
 
     pl.seed_everything(7)
-    common = dict(accelerator="cpu", devices=args.devices, num_nodes=args.num_nodes, strategy=build_strategy(args),
+    plugins = [ENVIRONMENTS[args.cluster_environment]()] if args.cluster_environment else None
+    common = dict(plugins=plugins, accelerator="cpu", devices=args.devices, num_nodes=args.num_nodes, strategy=build_strategy(args),
                   max_epochs=args.epochs, logger=False, enable_checkpointing=False, enable_progress_bar=False,
                   enable_model_summary=False, num_sanity_val_steps=1)
     if args.trainer == "pl":

@@ -1,0 +1,237 @@
+"""Scheduler environments, per-launch rendezvous files and leftover detection.
+
+Flux, PBS/PALS, LSF and MVAPICH2 cannot run here: the ``test_emulated_*`` tests start two real processes with
+exactly the variables those launchers set for each rank, and they meet through a real ``file:///DIR/`` rendezvous.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from pathlib import Path
+
+import pytest
+from lightning_fabric.plugins.environments import LightningEnvironment, SLURMEnvironment
+
+from conftest import job_environment, run_ranks
+from lightning_dist_hooks import (
+    FluxEnvironment,
+    HydraEnvironment,
+    MVAPICH2Environment,
+    OpenMPIEnvironment,
+    PALSEnvironment,
+    Trainer,
+    detect_cluster_environment,
+    job_identity,
+)
+from lightning_dist_hooks.init_methods import FileInitMethod
+
+FIT_FLAGS = ["--backend", "gloo", "--setup-hook", "record", "--sampler-hook", "super", "--epochs", "1"]
+
+OPENMPI = {"OMPI_COMM_WORLD_RANK": "3", "OMPI_COMM_WORLD_SIZE": "8", "OMPI_COMM_WORLD_LOCAL_RANK": "1",
+           "OMPI_COMM_WORLD_LOCAL_SIZE": "2", "OMPI_COMM_WORLD_NODE_RANK": "1", "PMIX_NAMESPACE": "806289409",
+           "PMIX_RANK": "3"}
+HYDRA = {"PMI_RANK": "3", "PMI_SIZE": "8", "MPI_LOCALRANKID": "1", "MPI_LOCALNRANKS": "2", "PMI_FD": "6"}
+MVAPICH2 = {"MV2_COMM_WORLD_RANK": "3", "MV2_COMM_WORLD_SIZE": "8", "MV2_COMM_WORLD_LOCAL_RANK": "1",
+            "MV2_COMM_WORLD_LOCAL_SIZE": "2"}
+FLUX = {"FLUX_TASK_RANK": "3", "FLUX_TASK_LOCAL_ID": "1", "FLUX_JOB_SIZE": "8", "FLUX_JOB_NNODES": "4",
+        "FLUX_JOB_ID": "ƒ2Bt7T6Cw", "PMI_RANK": "3", "PMI_SIZE": "8", "PMI_FD": "6"}
+PALS = {"PALS_RANKID": "3", "PALS_LOCAL_RANKID": "1", "PALS_NODEID": "1", "PALS_APID": "7f1c-aa", "PALS_LOCAL_SIZE": "2",
+        "PMI_RANK": "3", "PMI_SIZE": "8", "PMI_LOCAL_RANK": "1", "PMI_LOCAL_SIZE": "2", "PBS_JOBID": "1234.pbs01"}
+# What a process started by srun (mpi/pmi2 plugin) sees: PMI_RANK/PMI_SIZE but none of Hydra's MPI_LOCALRANKID.
+SRUN = {"SLURM_NTASKS": "8", "SLURM_NTASKS_PER_NODE": "2", "SLURM_PROCID": "3", "SLURM_LOCALID": "1",
+        "SLURM_NODEID": "1", "SLURM_JOB_ID": "42", "SLURM_STEP_ID": "0", "SLURM_JOB_NAME": "train",
+        "PMI_RANK": "3", "PMI_SIZE": "8", "PMIX_NAMESPACE": "slurm.pmix.42.0"}
+# The batch step of an sbatch job, inherited by everything an mpirun inside it starts.
+SBATCH_STEP = {key: SRUN[key] for key in ("SLURM_NTASKS", "SLURM_NTASKS_PER_NODE", "SLURM_JOB_ID", "SLURM_JOB_NAME")}
+
+
+@pytest.fixture
+def launcher_env(monkeypatch):
+    """Replace every launcher variable of this process with ``variables``."""
+    def set_variables(variables: dict[str, str]) -> None:
+        clean = job_environment()
+        for key in list(os.environ):
+            if key not in clean:
+                monkeypatch.delenv(key)
+        for key, value in variables.items():
+            monkeypatch.setenv(key, value)
+    return set_variables
+
+
+@pytest.mark.parametrize(
+    ("variables", "expected"),
+    [
+        (OPENMPI, OpenMPIEnvironment), (HYDRA, HydraEnvironment), (MVAPICH2, MVAPICH2Environment),
+        (FLUX, FluxEnvironment), (PALS, PALSEnvironment), (SRUN, SLURMEnvironment),
+        ({**SBATCH_STEP, **OPENMPI}, OpenMPIEnvironment),  # mpirun inside sbatch: the innermost launcher wins
+        ({**SBATCH_STEP, **FLUX}, FluxEnvironment),
+        ({**SRUN, "TORCHELASTIC_RUN_ID": "abc", "RANK": "3", "LOCAL_RANK": "1", "WORLD_SIZE": "8", "GROUP_RANK": "1",
+          "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500"}, None),  # torchrun in srun: Lightning's TorchElastic
+        ({}, None),
+    ],
+)
+def test_detection_priority(launcher_env, variables, expected):
+    launcher_env(variables)
+    detected = detect_cluster_environment()
+    if expected is None:
+        assert detected is None or detected.__module__.startswith("lightning_fabric")
+    else:
+        assert detected is expected
+
+
+@pytest.mark.parametrize(
+    ("environment", "variables", "node_rank", "identity"),
+    [
+        (OpenMPIEnvironment, OPENMPI, 1, "PMIX_NAMESPACE=806289409"),  # 3 // 2 ranks per node; not NODE_RANK
+        (HydraEnvironment, {**HYDRA, "PBS_JOBID": "9.pbs"}, 1, "PBS_JOBID=9.pbs"),
+        (MVAPICH2Environment, {**MVAPICH2, "SLURM_JOB_ID": "42"}, 1, "SLURM_JOB_ID=42"),
+        (FluxEnvironment, FLUX, 1, "FLUX_JOB_ID=ƒ2Bt7T6Cw"),  # 3 // (8 ranks / 4 nodes)
+        (PALSEnvironment, PALS, 1, "PBS_JOBID=1234.pbs01,PALS_APID=7f1c-aa"),
+    ],
+)
+def test_ranks_node_rank_and_identity_come_from_the_table(launcher_env, environment, variables, node_rank, identity):
+    launcher_env(variables)
+    cluster = environment()
+    assert (cluster.global_rank(), cluster.world_size(), cluster.local_rank(), cluster.node_rank()) == (3, 8, 1, node_rank)
+    assert cluster.creates_processes_externally is True
+    assert job_identity(cluster) == identity
+
+
+def test_env_main_address_on_several_nodes_needs_master_addr_or_file(launcher_env, tmp_path):
+    launcher_env(OPENMPI)
+    with pytest.raises(RuntimeError, match=r"OpenMPIEnvironment: env:// needs rank 0's address.*file:///SHARED/DIR/"):
+        OpenMPIEnvironment().main_address
+    launcher_env({**OPENMPI, "MASTER_ADDR": "10.1.2.3", "MASTER_PORT": "29400"})
+    assert (OpenMPIEnvironment().main_address, OpenMPIEnvironment().main_port) == ("10.1.2.3", 29400)
+
+
+def test_main_port_derives_from_the_job_and_pals_address_from_the_nodefile(launcher_env, tmp_path):
+    nodefile = tmp_path / "nodefile"
+    nodefile.write_text("x1000c0s0b0n0\nx1000c0s0b0n1\n")
+    launcher_env({**PALS, "PBS_NODEFILE": str(nodefile)})
+    port = PALSEnvironment().main_port
+    assert 20000 <= port < 30000 and port == PALSEnvironment().main_port
+    assert PALSEnvironment().main_address == "x1000c0s0b0n0"
+
+
+def test_slurm_requeue_gets_a_new_rendezvous_file(launcher_env, tmp_path):
+    launcher_env(SRUN)
+    first = Trainer(accelerator="cpu", devices=2, strategy="ddp", torch_dist_init_method=f"file://{tmp_path}/",
+                    plugins=[SLURMEnvironment()], logger=False, num_nodes=4).torch_dist_init_method
+    launcher_env({**SRUN, "SLURM_RESTART_COUNT": "1"})
+    requeued = Trainer(accelerator="cpu", devices=2, strategy="ddp", torch_dist_init_method=f"file://{tmp_path}/",
+                       plugins=[SLURMEnvironment()], logger=False, num_nodes=4).torch_dist_init_method
+    assert first.startswith(f"file://{tmp_path}/ldh-rendezvous-SLURM_JOB_ID-42-SLURM_STEP_ID-0-")
+    assert "SLURM_RESTART_COUNT-1" in requeued and requeued != first
+
+
+def test_no_job_identity_asks_for_an_explicit_file(launcher_env, tmp_path):
+    launcher_env(HYDRA)  # mpiexec.hydra outside any allocation names no launch
+    with pytest.raises(ValueError, match=rf"torch_dist_init_method='file://{tmp_path}/': HydraEnvironment names no job"
+                                         rf".*e.g. 'file://{tmp_path}/run42'"):
+        Trainer(accelerator="cpu", devices=2, num_nodes=4, strategy="ddp", torch_dist_init_method=f"file://{tmp_path}/",
+                logger=False)
+
+
+def test_processes_started_with_local_rank_by_hand_have_no_identity(launcher_env, tmp_path):
+    launcher_env({"LOCAL_RANK": "0", "NODE_RANK": "0", "WORLD_SIZE": "2"})
+    with pytest.raises(ValueError, match=r"LightningEnvironment names no job"):
+        Trainer(accelerator="cpu", devices=2, strategy="ddp", torch_dist_init_method=f"file://{tmp_path}/", logger=False)
+
+
+def test_a_plugin_given_by_the_user_is_kept(launcher_env):
+    launcher_env(OPENMPI)
+    trainer = Trainer(accelerator="cpu", devices=2, strategy="ddp", plugins=[LightningEnvironment()], logger=False)
+    assert type(trainer.strategy.cluster_environment) is LightningEnvironment
+
+
+class _Rank:
+    def __init__(self, rank: int) -> None:
+        self.rank = rank
+
+    def global_rank(self) -> int:
+        return self.rank
+
+
+def test_a_leftover_file_with_its_claim_stops_the_rerun_with_the_file_named(tmp_path):
+    url = f"file://{tmp_path}/ldh-rendezvous-job"
+    first = FileInitMethod().prepare(url, _Rank(1))  # an earlier run, killed: nothing removed
+    assert first.claim == tmp_path / "ldh-rendezvous-job.rank1.claim" and oct(first.claim.stat().st_mode & 0o777) == "0o600"
+    with pytest.raises(RuntimeError, match=rf"rank 1 found {first.claim} and {first.file} left by an earlier run"):
+        FileInitMethod().prepare(url, _Rank(1))
+    # A peer of the same launch (another rank) is never mistaken for a leftover.
+    assert FileInitMethod().prepare(url, _Rank(0)).claim == tmp_path / "ldh-rendezvous-job.rank0.claim"
+
+
+def test_a_leftover_claim_without_its_file_is_taken_over(tmp_path):
+    (tmp_path / "ldh-rendezvous-job.rank0.claim").touch()
+    rendezvous = FileInitMethod().prepare(f"file://{tmp_path}/ldh-rendezvous-job", _Rank(0))
+    assert rendezvous.file.exists() and rendezvous.claim.exists()
+
+
+def _assert_emulated_fit(result, environment: str, rendezvous_dir: Path, identity_part: str) -> None:
+    result.assert_ok()
+    assert sorted(result.ranks) == [0, 1], result.output
+    for rank, record in result.ranks.items():
+        assert (record["environment"], record["world_size"], record["local_rank"]) == (environment, 2, rank)
+        (call,) = record["setup_calls"]
+        assert call["rank"] == rank and call["rendezvous_file_mode"] == "0o600"
+        assert call["init_method"].startswith(f"file://{rendezvous_dir}/ldh-rendezvous-{identity_part}")
+    result.same_on_all_ranks("weights_sha256")
+    result.same_on_all_ranks("store")
+    assert list(rendezvous_dir.iterdir()) == []
+
+
+@pytest.fixture
+def rendezvous_dir(tmp_path: Path) -> Path:
+    directory = tmp_path / "rendezvous"
+    directory.mkdir()
+    return directory
+
+
+def _run_emulated(per_rank, tmp_path, rendezvous_dir, *extra_flags: str):
+    # MASTER_ADDR/MASTER_PORT point nowhere: a file:// rendezvous must not read them.
+    def environment(rank: int) -> dict[str, str]:
+        return {**per_rank(rank), "MASTER_ADDR": "192.0.2.1", "MASTER_PORT": "1"}
+    flags = [*FIT_FLAGS, "--init-method", f"file://{rendezvous_dir}/", *extra_flags]
+    return run_ranks([job_environment(**environment(rank)) for rank in range(2)], flags, tmp_path / "out", tmp_path)
+
+
+def test_emulated_flux_run(tmp_path, rendezvous_dir):
+    result = _run_emulated(lambda rank: {"FLUX_TASK_RANK": str(rank), "FLUX_TASK_LOCAL_ID": str(rank),
+                                         "FLUX_JOB_SIZE": "2", "FLUX_JOB_NNODES": "1", "FLUX_JOB_ID": "ƒ2Bt7T6Cw",
+                                         "PMI_RANK": str(rank), "PMI_SIZE": "2"}, tmp_path, rendezvous_dir)
+    _assert_emulated_fit(result, "FluxEnvironment", rendezvous_dir, "FLUX_JOB_ID-2Bt7T6Cw")
+
+
+def test_emulated_pbs_pals_mpiexec_through_plugins(tmp_path, rendezvous_dir):
+    nodefile = tmp_path / "nodefile"
+    nodefile.write_text("127.0.0.1\n127.0.0.1\n")
+    result = _run_emulated(lambda rank: {"PALS_RANKID": str(rank), "PALS_LOCAL_RANKID": str(rank), "PALS_NODEID": "0",
+                                         "PALS_APID": "7f1c-aa", "PMI_RANK": str(rank), "PMI_SIZE": "2",
+                                         "PBS_JOBID": "1234.pbs01", "PBS_NODEFILE": str(nodefile)},
+                           tmp_path, rendezvous_dir, "--cluster-environment", "PALSEnvironment")
+    _assert_emulated_fit(result, "PALSEnvironment", rendezvous_dir, "PBS_JOBID-1234.pbs01-PALS_APID-7f1c-aa")
+
+
+def test_emulated_lsf_jsrun(tmp_path, rendezvous_dir):
+    # jsrun with Spectrum MPI sets OMPI_COMM_WORLD_* too; Lightning's LSFEnvironment must still win.
+    rankfile = tmp_path / "rankfile"
+    rankfile.write_text(f"launchnode\n{socket.gethostname()}\n{socket.gethostname()}\n")
+    result = _run_emulated(lambda rank: {"LSB_JOBID": "4242", "LSB_DJOB_RANKFILE": str(rankfile),
+                                         "JSM_NAMESPACE_RANK": str(rank), "JSM_NAMESPACE_LOCAL_RANK": str(rank),
+                                         "JSM_NAMESPACE_SIZE": "2", "OMPI_COMM_WORLD_RANK": str(rank),
+                                         "OMPI_COMM_WORLD_SIZE": "2", "OMPI_COMM_WORLD_LOCAL_RANK": str(rank)},
+                           tmp_path, rendezvous_dir)
+    _assert_emulated_fit(result, "LSFEnvironment", rendezvous_dir, "LSB_JOBID-4242")
+
+
+def test_emulated_mvapich2_mpirun_rsh_inside_an_sbatch_job(tmp_path, rendezvous_dir):
+    # The batch step's SLURM_* are inherited (SLURM_PROCID=0 on both ranks): MVAPICH2's own variables must win.
+    result = _run_emulated(lambda rank: {**SBATCH_STEP, "SLURM_NTASKS": "2", "SLURM_NTASKS_PER_NODE": "2",
+                                         "SLURM_PROCID": "0", "SLURM_LOCALID": "0", "SLURM_NODEID": "0",
+                                         "MV2_COMM_WORLD_RANK": str(rank), "MV2_COMM_WORLD_SIZE": "2",
+                                         "MV2_COMM_WORLD_LOCAL_RANK": str(rank), "MV2_COMM_WORLD_LOCAL_SIZE": "2"},
+                           tmp_path, rendezvous_dir)
+    _assert_emulated_fit(result, "MVAPICH2Environment", rendezvous_dir, "SLURM_JOB_ID-42")
