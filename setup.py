@@ -14,7 +14,7 @@ setup(
     install_requires=["torch>=2.13,<2.14", "pytorch-lightning>=2.6.6,<2.7"],
     extras_require={
         "mpi": ["mpi4py>=4.0"],
-        "test": ["pytest>=8", "pytest-timeout>=2.3"],
+        "test": ["pytest>=8", "pytest-timeout>=2.3", "matplotlib>=3.7"],
     },
     classifiers=["Programming Language :: Python :: 3", "Topic :: Scientific/Engineering :: Artificial Intelligence"],
 )

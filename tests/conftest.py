@@ -21,7 +21,8 @@ FIT_JOB = REPO / "tests" / "jobs" / "fit_job.py"
 _LAUNCHER_VARIABLE_PREFIXES = ("SLURM_", "OMPI_", "PMI_", "PMIX_", "TORCHELASTIC_", "FLUX_", "PALS_", "LSB_",
                                "JSM_", "MV2_", "PBS_")
 _LAUNCHER_VARIABLES = {"MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK", "LOCAL_RANK", "NODE_RANK", "GROUP_RANK",
-                       "LOCAL_WORLD_SIZE"}
+                       "LOCAL_WORLD_SIZE",
+                       "LIGHTNING_DIST_HOOKS_LAUNCH_TOKEN"}
 
 
 def job_environment(**overrides: str) -> dict[str, str]:
