@@ -1,0 +1,116 @@
+"""What every section shares: a clean loopback environment, ports, bounded process waits, and statistics."""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import time
+from contextlib import ExitStack
+from pathlib import Path
+from typing import Callable, Optional
+
+REPO = Path(__file__).resolve().parents[1]
+
+# Set by launchers (torchrun, srun, mpirun); inherited, they would make Lightning detect the wrong cluster.
+_LAUNCHER_PREFIXES = ("SLURM_", "OMPI_", "PMI_", "PMIX_", "TORCHELASTIC_", "FLUX_", "LSB_", "PBS_")
+_LAUNCHER_VARIABLES = {"MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK", "LOCAL_RANK", "NODE_RANK", "GROUP_RANK",
+                       "LOCAL_WORLD_SIZE"}
+
+
+def job_environment(**overrides: str) -> dict[str, str]:
+    """Loopback only, this checkout importable, one torch thread per rank (2 ranks share the cores), no launcher."""
+    env = {key: value for key, value in os.environ.items()
+           if not key.startswith(_LAUNCHER_PREFIXES) and key not in _LAUNCHER_VARIABLES}
+    env.update(GLOO_SOCKET_IFNAME="lo", MASTER_ADDR="127.0.0.1", OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1",
+               PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")])))
+    env.update(overrides)
+    return env
+
+
+def free_ports(count: int) -> list[int]:
+    """``count`` distinct loopback ports that were free a moment ago (all held at once, so no duplicates)."""
+    with ExitStack() as stack:
+        sockets = [stack.enter_context(socket.socket()) for _ in range(count)]
+        for sock in sockets:
+            sock.bind(("127.0.0.1", 0))
+        return [sock.getsockname()[1] for sock in sockets]
+
+
+def start(command: list[str], env: dict[str, str], log: Path) -> subprocess.Popen:
+    """Start ``command`` in its own process group (so a kill reaches its children), output to ``log``."""
+    with open(log, "ab") as out:
+        return subprocess.Popen(command, cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL, start_new_session=True)
+
+
+def wait_all(processes: list[subprocess.Popen], timeout: float, log: Path,
+             on_tick: Optional[Callable[[], None]] = None) -> None:
+    """Wait for every process; kill them all (and their children) at ``timeout`` s or when one fails."""
+    deadline = time.monotonic() + timeout
+    try:
+        while any(process.poll() is None for process in processes):
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"benchmark processes did not finish in {timeout:.0f} s; see {log}")
+            if any(process.returncode not in (None, 0) for process in processes):
+                break
+            if on_tick:
+                on_tick()
+            time.sleep(0.2)
+    finally:
+        for process in processes:
+            if process.poll() is None:
+                os.killpg(process.pid, signal.SIGKILL)
+                process.wait(timeout=10)
+    if on_tick:
+        on_tick()
+    failed = [process.args for process in processes if process.returncode != 0]
+    if failed:
+        tail = log.read_text(errors="replace")[-4000:]
+        raise RuntimeError(f"benchmark process failed: {failed[0]}; end of {log}:\n{tail}")
+
+
+def run_python(args: list[str], timeout: float, env: Optional[dict[str, str]] = None) -> str:
+    """Run ``python ARGS`` to completion and return its stdout."""
+    completed = subprocess.run([sys.executable, *args], cwd=REPO, env=env or job_environment(), timeout=timeout,
+                               capture_output=True, text=True, stdin=subprocess.DEVNULL, check=False)
+    if completed.returncode != 0:
+        raise RuntimeError(f"python {' '.join(args)} failed:\n{completed.stderr[-4000:]}")
+    return completed.stdout
+
+
+def rotated(items: list, by: int) -> list:
+    """``items`` starting at position ``by``: round r runs the variants in a different order than round r-1."""
+    by %= len(items)
+    return items[by:] + items[:by]
+
+
+def shuffled(items: list, seed: int) -> list:
+    """``items`` in a seeded random order. Unlike rotation, this does not always run the same variant right
+    after the same other one, so whatever one fit leaves behind (garbage, caches) does not favour one variant."""
+    return random.Random(seed).sample(items, len(items))
+
+
+def summary(values: list[float]) -> dict[str, float]:
+    """Median and interquartile range (robust against the outliers a shared machine produces)."""
+    if len(values) == 1:
+        return {"median": values[0], "q1": values[0], "q3": values[0], "n": 1}
+    q1, _, q3 = statistics.quantiles(values, n=4)
+    return {"median": statistics.median(values), "q1": q1, "q3": q3, "n": len(values)}
+
+
+def in_ms(stats: dict) -> dict:
+    """``summary`` of seconds, as milliseconds."""
+    return {key: value * 1e3 if key != "n" else value for key, value in stats.items()}
+
+
+def bootstrap_ci(values: list[float], level: float = 0.95, resamples: int = 2000) -> tuple[float, float]:
+    """Percentile bootstrap confidence interval of the median of ``values`` (seeded: reruns give the same CI)."""
+    generator = random.Random(0)
+    medians = sorted(statistics.median(generator.choices(values, k=len(values))) for _ in range(resamples))
+    tail = (1 - level) / 2
+    return medians[int(tail * resamples)], medians[int((1 - tail) * resamples) - 1]
