@@ -208,8 +208,17 @@ def rendezvous_file_for_job(directory_url: str, identity: str) -> str:
     return f"{directory_url}ldh-rendezvous-{readable}-{digest}"
 
 
+def _claim_path(path: Path, rank: int) -> Path:
+    return path.with_name(f"{path.name}.rank{rank}.claim")
+
+
+def ranks_without_claims(path: Path, world_size: int) -> list[int]:
+    """The ranks that never reached this launch's rendezvous file: each rank claims it first thing."""
+    return [rank for rank in range(world_size) if not _claim_path(path, rank).exists()]
+
+
 def _claim_rendezvous_file(url: str, path: Path, rank: int) -> Path:
-    claim = path.with_name(f"{path.name}.rank{rank}.claim")
+    claim = _claim_path(path, rank)
     try:
         os.close(os.open(claim, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600))
     except FileExistsError:

@@ -70,6 +70,10 @@ class JobModule(pl.LightningModule):
     def training_step(self, batch, batch_idx):
         return self._record_batch("train", batch)
 
+    def on_train_batch_start(self, batch, batch_idx) -> None:
+        if self.global_step == self.args.die_at_step and self.global_rank == self.args.die_rank:
+            os._exit(1)  # an abrupt death: no exception, no finalizers, no teardown (as a crash or the OOM killer)
+
     def validation_step(self, batch, batch_idx):
         loss = self._record_batch("validate", batch)
         self.log("val_loss", loss, sync_dist=True)
@@ -284,6 +288,8 @@ def main() -> None:
     parser.add_argument("--epochs", type=int, default=2)
     parser.add_argument("--timeout", type=float, default=60)
     parser.add_argument("--hand-store")
+    parser.add_argument("--die-at-step", type=int, help="--die-rank exits abruptly when this training step starts")
+    parser.add_argument("--die-rank", type=int, default=1)
     parser.add_argument("--cluster-environment", choices=sorted(ENVIRONMENTS),
                         help="pass this environment in plugins=[...] instead of letting the Trainer detect one")
     parser.add_argument("--out", required=True)

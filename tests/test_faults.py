@@ -1,0 +1,187 @@
+"""Fail fast, never hang: ranks that never arrive, ranks that die, hooks that raise, leftover rendezvous files.
+
+Every test runs real processes and asserts the exit code, a time bound and the message, and that no process and
+no rendezvous file is left. Bad input that fails in ``Trainer(...)`` is tests/test_validation.py's.
+
+Time bounds are measured around the whole job, so they include starting Python and importing torch and Lightning
+on every rank: ``STARTUP_S`` allows for that on a loaded 2-core CI machine. A hang would take the process-group
+timeout (15 s here) many times over, or Lightning's default of 30 minutes.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from conftest import FIT_JOB, JobResult, job_environment, run_command
+from test_launchers import OPENMPI_RUN, slurm_environment
+
+from lightning_dist_hooks.init_methods import FileInitMethod
+from lightning_dist_hooks.janitor import Janitor
+
+TIMEOUT_S = 15
+STARTUP_S = 45
+# A long process-group timeout, for failures that must end the job without waiting for it.
+LONG_TIMEOUT_S = 300
+SHORT_FLAGS = ["--strategy", "ddp-instance", "--timeout", str(TIMEOUT_S), "--backend", "gloo"]
+
+
+def timed(run, *args, **kwargs) -> tuple[JobResult, float]:
+    started = time.monotonic()
+    result = run(*args, **kwargs)
+    return result, time.monotonic() - started
+
+
+def wait_until_gone(tmp_path: Path, rendezvous_dir: Path | None = None, within_s: float = 10) -> None:
+    """Assert that no process mentions ``tmp_path`` (ranks, janitors) and ``rendezvous_dir`` is empty, polling
+    briefly: a launcher's last SIGKILL and the janitors' removals land just after the launcher itself exits."""
+    deadline = time.monotonic() + within_s
+    while True:
+        alive = processes_mentioning(str(tmp_path))
+        leftovers = sorted(rendezvous_dir.iterdir()) if rendezvous_dir else []
+        if not alive and not leftovers:
+            return
+        if time.monotonic() > deadline:
+            raise AssertionError(f"left behind after {within_s} s: processes {alive}, files {leftovers}")
+        time.sleep(0.2)
+
+
+def processes_mentioning(text: str) -> dict[int, str]:
+    found = {}
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            command = cmdline.read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue  # exited while we looked
+        if text in command:
+            found[int(cmdline.parent.name)] = command
+    return found
+
+
+@pytest.fixture
+def rendezvous_dir(tmp_path: Path) -> Path:
+    directory = tmp_path / "rendezvous"
+    directory.mkdir()
+    return directory
+
+
+@pytest.mark.parametrize("kind", ["file", "tcp", "env"])
+def test_a_rank_that_never_arrives_times_out_naming_the_missing_rank(run_job, tmp_path, rendezvous_dir, free_port,
+                                                                      kind):
+    # Two nodes of one device each, under Lightning's own launcher: the second node is never started.
+    init_method = {"file": f"file://{rendezvous_dir}/rendezvous", "tcp": f"tcp://127.0.0.1:{free_port}",
+                   "env": "env://"}[kind]
+    result, elapsed = timed(run_job, *SHORT_FLAGS, "--devices", "1", "--num-nodes", "2", "--init-method", init_method)
+    assert result.returncode != 0
+    assert (f"DistributedSetupError: rank 0 of 2 timed out after {TIMEOUT_S} s waiting for the rendezvous through "
+            f"{init_method}; ranks that never arrived: [1]") in result.output, result.output[-4000:]
+    assert TIMEOUT_S <= elapsed < TIMEOUT_S + STARTUP_S
+    wait_until_gone(tmp_path, rendezvous_dir)
+
+
+LAUNCHERS = {
+    "lightning": lambda command: command,
+    "torchrun": lambda command: [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                                 *command[1:]],
+    "openmpi": lambda command: [*OPENMPI_RUN, *command],
+    # srun leaves the other tasks running when one fails unless told otherwise.
+    "srun": lambda command: ["srun", "-N1", "--ntasks-per-node=2", "-J", "ldhfault", "--kill-on-bad-exit=1", *command],
+}
+
+
+# What says that rank 1 died. Lightning's launcher logs nothing visible before its SIGKILL, but rank 0 (the launching
+# process) reports first: its next all-reduce fails as soon as the dead rank's sockets close. The other launchers
+# stop rank 0 themselves (SIGTERM) and name the rank that failed.
+DEATH_REPORTS = {
+    "lightning": r"\[rank0\]: RuntimeError: .*Connection (closed|reset) by peer",
+    "torchrun": r"rank\s*: 1 \(local_rank: 1\)\s+exitcode\s*: 1 ",
+    "openmpi": r"The first process to do so was:\s+Process name: \[\[\d+,\d+\],1\]\s+Exit code:\s+1",
+    "srun": r"task 1: Exited with exit code 1",
+}
+
+
+@pytest.mark.parametrize("launcher", sorted(LAUNCHERS))
+def test_a_rank_that_dies_mid_fit_ends_the_job_and_leaves_nothing(request, tmp_path, rendezvous_dir, launcher):
+    if launcher == "openmpi" and shutil.which("mpirun.openmpi") is None:
+        pytest.skip("OpenMPI's mpirun is not installed (.ci/install)")
+    env = job_environment()
+    if launcher == "srun":
+        request.getfixturevalue("slurm_cluster")
+        env = slurm_environment()
+    command = LAUNCHERS[launcher]([sys.executable, str(FIT_JOB), "--out", str(tmp_path / "out"), *SHORT_FLAGS,
+                                   "--init-method", f"file://{rendezvous_dir}/", "--die-at-step", "3",
+                                   "--die-rank", "1"])
+    result, elapsed = timed(run_command, ["timeout", "150", *command], cwd=tmp_path, out_dir=tmp_path / "out",
+                            timeout=180, env=env)
+    assert result.returncode not in (0, 124), result.output[-4000:]  # 124: the outer `timeout` had to stop it
+    assert elapsed < TIMEOUT_S + STARTUP_S
+    assert result.ranks == {}, "no rank may finish the fit"
+    assert re.search(DEATH_REPORTS[launcher], result.output), result.output[-4000:]
+    wait_until_gone(tmp_path, rendezvous_dir)
+
+
+@pytest.mark.parametrize(
+    ("flag", "message"),
+    [
+        ("--setup-hook", ("DistributedSetupError: setup_distributed_backend raised OSError on rank 1 of 2 "
+                          "(backend='gloo', init_method='env://'): site bootstrap service unreachable")),
+        ("--sampler-hook", ("SamplerHookError: configure_sampler raised KeyError on rank 1 of 2 for the validate "
+                            "dataloader: 'no weights for this dataset'")),
+    ],
+    ids=["setup_distributed_backend", "configure_sampler"],
+)
+def test_an_exception_in_a_hook_on_one_rank_ends_every_rank_promptly(run_job, tmp_path, flag, message):
+    # A long timeout: the job must end because rank 1 failed, not because rank 0 gave up waiting for it.
+    result, elapsed = timed(run_job, flag, "raise", "--strategy", "ddp-instance", "--timeout", str(LONG_TIMEOUT_S))
+    assert result.returncode != 0
+    assert message in result.output, result.output[-4000:]
+    assert elapsed < STARTUP_S + 15, f"took {elapsed:.0f} s"
+    wait_until_gone(tmp_path)
+
+
+def test_a_stale_rendezvous_file_at_an_explicit_path_stops_the_next_run_naming_it(run_job, tmp_path, rendezvous_dir):
+    # What a run killed together with its janitors (a crashed node) leaves: the file and every rank's claim.
+    path = rendezvous_dir / "rendezvous"
+    for rank in (0, 1):
+        FileInitMethod().prepare(f"file://{path}", _Rank(rank))
+    stale = sorted(rendezvous_dir.iterdir())
+    result, elapsed = timed(run_job, *SHORT_FLAGS, "--init-method", f"file://{path}")
+    assert result.returncode != 0
+    assert (f"found {path}.rank0.claim and {path} left by an earlier run with the same job identity that did not "
+            f"finish cleanly") in result.output, result.output[-4000:]
+    assert f"remove {path} and {path}.rank*.claim, then start again" in result.output
+    assert elapsed < TIMEOUT_S + STARTUP_S
+    assert sorted(rendezvous_dir.iterdir()) == stale, "another run's files are never deleted automatically"
+    wait_until_gone(tmp_path)
+
+
+class _Rank:
+    def __init__(self, rank: int) -> None:
+        self.rank = rank
+
+    def global_rank(self) -> int:
+        return self.rank
+
+
+def test_the_janitor_removes_the_files_when_its_rank_ends_without_cleaning_up(tmp_path):
+    files = [tmp_path / "rendezvous", tmp_path / "rendezvous.rank0.claim"]
+    for path in files:
+        path.touch()
+    janitor = Janitor(files)
+    os.close(janitor._write_end)  # what the kernel does when the rank dies, however it dies
+    assert janitor.process.wait(timeout=10) == 0
+    assert not [path for path in files if path.exists()]
+
+
+def test_a_janitor_whose_rank_cleaned_up_touches_nothing(tmp_path):
+    # Files of the same name that exist after a rank cleaned up belong to a later run: they must stay.
+    later_run = tmp_path / "rendezvous"
+    later_run.touch()
+    janitor = Janitor([later_run])
+    janitor.dismiss()
+    assert janitor.process.returncode == 0 and later_run.exists()
