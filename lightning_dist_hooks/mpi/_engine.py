@@ -1,0 +1,300 @@
+"""Run MPI operations behind torch ``Work`` objects, complete them in the background, end the job on a hang.
+
+Two ways to run an operation:
+
+* blocking, when the caller waits right away (``async_op=False`` arrives as ``opts.asyncOp == False``): the
+  blocking MPI call runs on the caller's thread and a :class:`CompletedWork` is returned; no thread hand-off.
+* non-blocking otherwise (DDP's reducer, ``async_op=True``, point-to-point): the ``I...`` variant is posted and
+  the :class:`MpiWork` completes either in ``wait()`` (blocking ``Waitall`` on the caller's thread) or in the
+  progress thread, which polls with ``Testall`` so DDP's bucket futures complete while backward computes. It
+  sleeps between polls instead of spinning in ``MPI_Wait``: on a fully subscribed CPU a spinning thread takes
+  the core from backward.
+
+MPI operations cannot time out or be cancelled, so the progress thread is also a watchdog: an operation still
+running after its process group's timeout ends the whole job with ``MPI_Abort`` and a message on stderr.
+"""
+
+from __future__ import annotations
+
+import atexit
+import sys
+import threading
+import time
+from collections.abc import Callable, Sequence
+from datetime import timedelta
+from types import ModuleType
+from typing import TYPE_CHECKING, NamedTuple
+
+import torch
+import torch.distributed as dist
+
+if TYPE_CHECKING:
+    from mpi4py import MPI
+
+# The progress thread sleeps between polls, doubling the pause while nothing completes. The cap bounds how long
+# a finished request can go unnoticed (e.g. DDP's last bucket at the end of backward).
+_POLL_PAUSE_MIN_S = 20e-6
+_POLL_PAUSE_MAX_S = 200e-6
+# How often deadlines are checked while the thread has nothing to poll, or while a caller's blocking wait holds
+# the request lock.
+_WATCHDOG_PERIOD_S = 0.1
+_STOP_JOIN_TIMEOUT_S = 5.0
+
+
+class MpiCall(NamedTuple):
+    """One MPI operation: a blocking ``mpi4py.MPI.Comm`` method name and its arguments.
+
+    The non-blocking twin is ``"I" + method.lower()`` (``Allreduce`` -> ``Iallreduce``, ``Send`` -> ``Isend``).
+    ``tensors`` own the memory the arguments point at and are kept alive until the operation completes.
+    """
+
+    method: str
+    args: tuple
+    tensors: tuple[torch.Tensor, ...]
+
+
+class Deadline(NamedTuple):
+    """When an operation must have completed, and how to name it if it has not."""
+
+    at: float  # time.monotonic()
+    timeout: timedelta
+    describe: Callable[[], str]  # called only for the timeout message: formatting costs more than a small op
+    group: str
+
+
+class CompletedWork(dist.Work):
+    """The ``Work`` of an operation that ran to completion before the collective call returned."""
+
+    def __init__(self, outputs: list[torch.Tensor]) -> None:
+        super().__init__()
+        self._outputs = outputs
+
+    def wait(self, timeout: timedelta = timedelta(0)) -> bool:
+        return True
+
+    def get_future(self) -> torch.futures.Future:
+        future: torch.futures.Future = torch.futures.Future()
+        future.set_result(self._outputs)
+        return future
+
+    def is_completed(self) -> bool:
+        return True
+
+    def is_success(self) -> bool:
+        return True
+
+    def exception(self) -> BaseException | None:
+        return None
+
+    def result(self) -> list[torch.Tensor]:
+        return self._outputs
+
+
+class MpiWork(dist.Work):
+    """The ``Work`` of a posted non-blocking operation.
+
+    ``wait()`` blocks until it completes; ``get_future()`` returns a future that completes with the output
+    tensors also when nobody calls ``wait()`` (the progress thread completes it).
+    """
+
+    def __init__(
+        self,
+        engine: ProgressEngine,
+        outputs: list[torch.Tensor],
+        deadline: Deadline,
+        finish: Callable[[], object] | None = None,
+    ) -> None:
+        super().__init__()
+        self.deadline = deadline
+        self._engine = engine
+        self._outputs = outputs
+        self._finish = finish
+        self._calls: Sequence[MpiCall] = ()
+        self._requests: list[MPI.Request] = []
+        self._statuses: list[MPI.Status] | None = None
+        self._done = False
+        self._error: BaseException | None = None
+        self._future: torch.futures.Future = torch.futures.Future()
+
+    # --- torch.distributed.Work API -------------------------------------------------------------------------
+
+    def wait(self, timeout: timedelta = timedelta(0)) -> bool:
+        if timeout and timeout < self.deadline.timeout:
+            self.deadline = self.deadline._replace(at=time.monotonic() + timeout.total_seconds(), timeout=timeout)
+        self._engine.complete(self)
+        if self._error is not None:
+            raise self._error
+        return True
+
+    def get_future(self) -> torch.futures.Future:
+        return self._future
+
+    def is_completed(self) -> bool:
+        return self._done
+
+    def is_success(self) -> bool:
+        return self._done and self._error is None
+
+    def exception(self) -> BaseException | None:
+        return self._error
+
+    def result(self) -> list[torch.Tensor]:
+        return self._outputs
+
+    def source_rank(self) -> int:
+        """The sender of a receive from any source (``torch.distributed.recv(src=None)``)."""
+        if self._statuses is None:
+            raise RuntimeError(f"{self.deadline.describe()} has no source rank: it is not a receive from any rank.")
+        self._engine.complete(self)
+        return self._statuses[0].Get_source()
+
+    _source_rank = source_rank
+
+    # --- used by ProgressEngine ---------------------------------------------------------------------------
+
+    def want_source(self, mpi: ModuleType) -> None:
+        self._statuses = [mpi.Status()]
+
+    def post(self, comm: MPI.Comm, calls: Sequence[MpiCall]) -> None:
+        self._calls = calls  # keeps the tensors the MPI calls point at alive
+        self._requests = [getattr(comm, "I" + call.method.lower())(*call.args) for call in calls]
+
+    def complete_requests(self, mpi: ModuleType, block: bool) -> bool:
+        """Test (or wait for) the requests; return True if this call completed the work.
+
+        The caller holds the engine's request lock: MPI forbids two threads completing the same request.
+        """
+        if self._done:
+            return False
+        if block:
+            mpi.Request.Waitall(self._requests, self._statuses)
+        elif not mpi.Request.Testall(self._requests, self._statuses):
+            return False
+        try:
+            if self._finish is not None:
+                self._finish()
+        except Exception as error:  # surfaced through wait() and the future, like a failed collective
+            self._error = error
+        self._calls = ()
+        self._done = True
+        return True
+
+    def publish(self) -> None:
+        if self._error is None:
+            self._future.set_result(self._outputs)
+        else:
+            self._future.set_exception(self._error)
+
+
+class ProgressEngine:
+    """Runs operations for every mpi4py process group of this process and watches their deadlines.
+
+    One engine per process: MPI progress is global, so one thread can drive the requests of all groups.
+    """
+
+    _instance: ProgressEngine | None = None
+    _instance_lock = threading.Lock()
+
+    @classmethod
+    def instance(cls, mpi: ModuleType) -> ProgressEngine:
+        with cls._instance_lock:
+            if cls._instance is None:
+                cls._instance = cls(mpi)
+            return cls._instance
+
+    def __init__(self, mpi: ModuleType) -> None:
+        self._mpi = mpi
+        self._request_lock = threading.Lock()
+        self._state = threading.Condition()
+        self._posted: dict[int, MpiWork] = {}  # posted and not completed; guarded by _state
+        # Blocking calls in progress, by thread. Plain dict updates (atomic under the GIL) keep them cheap.
+        self._blocking: dict[int, Deadline] = {}
+        self._stopping = False
+        self._thread = threading.Thread(target=self._run, name="mpi4py-progress", daemon=True)
+        self._thread.start()
+        # Python's atexit handlers run before mpi4py finalises MPI: no MPI call may follow MPI_Finalize.
+        atexit.register(self.stop)
+
+    def run_blocking(self, comm: MPI.Comm, calls: Sequence[MpiCall], deadline: Deadline) -> None:
+        """Run ``calls`` to completion on the calling thread, under the watchdog."""
+        thread = threading.get_ident()
+        self._blocking[thread] = deadline
+        try:
+            for call in calls:
+                getattr(comm, call.method)(*call.args)
+        finally:
+            del self._blocking[thread]
+
+    def post(self, work: MpiWork, comm: MPI.Comm, calls: Sequence[MpiCall]) -> None:
+        """Post ``calls`` as non-blocking operations completing ``work``."""
+        work.post(comm, calls)
+        with self._state:
+            self._posted[id(work)] = work
+            self._state.notify()
+
+    def complete(self, work: MpiWork) -> None:
+        """Block the calling thread until ``work`` completes (or the watchdog ends the job)."""
+        if work.is_completed():
+            return
+        # The lock is held for one Testall by the progress thread, or by another caller's Waitall, which its own
+        # deadline bounds: this wait is bounded too.
+        with self._request_lock:
+            completed_here = work.complete_requests(self._mpi, block=True)
+        if completed_here:
+            self._retire(work)
+
+    def stop(self) -> None:
+        with self._state:
+            self._stopping = True
+            self._state.notify()
+        self._thread.join(_STOP_JOIN_TIMEOUT_S)
+
+    def _retire(self, work: MpiWork) -> None:
+        with self._state:
+            self._posted.pop(id(work), None)
+        work.publish()
+
+    def _run(self) -> None:
+        pause = _POLL_PAUSE_MIN_S
+        while True:
+            with self._state:
+                while not self._posted and not self._stopping:
+                    self._abort_if_overdue()
+                    self._state.wait(_WATCHDOG_PERIOD_S)
+                if self._stopping:
+                    return
+                self._abort_if_overdue()
+                posted = list(self._posted.values())
+            completed = self._test(posted)
+            for work in completed:
+                self._retire(work)
+            pause = _POLL_PAUSE_MIN_S if completed else min(2 * pause, _POLL_PAUSE_MAX_S)
+            time.sleep(pause)
+
+    def _test(self, works: list[MpiWork]) -> list[MpiWork]:
+        # A caller blocked in Waitall holds the lock and drives MPI progress itself; come back for the deadlines.
+        if not self._request_lock.acquire(timeout=_WATCHDOG_PERIOD_S):
+            return []
+        try:
+            return [work for work in works if work.complete_requests(self._mpi, block=False)]
+        finally:
+            self._request_lock.release()
+
+    def _abort_if_overdue(self) -> None:
+        now = time.monotonic()
+        deadlines = [work.deadline for work in self._posted.values()] + list(self._blocking.values())
+        for deadline in deadlines:
+            if now > deadline.at:
+                self._abort(deadline)
+
+    def _abort(self, deadline: Deadline) -> None:
+        rank = self._mpi.COMM_WORLD.Get_rank()
+        message = (
+            f"[lightning_dist_hooks.mpi] rank {rank}: {deadline.describe()} on {deadline.group} did not complete "
+            f"within the process group timeout ({deadline.timeout.total_seconds():g} s). MPI operations cannot "
+            "time out or be cancelled, so the job is ended with MPI_Abort. A rank probably skipped or reordered a "
+            "collective.\n"
+        )
+        sys.stderr.write(message)
+        sys.stderr.flush()
+        self._mpi.COMM_WORLD.Abort(1)

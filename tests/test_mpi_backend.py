@@ -1,0 +1,297 @@
+"""The mpi4py torch.distributed backend (``lightning_dist_hooks.mpi``): unit tests, then real ``mpirun -n 2`` jobs.
+
+The job scripts live in tests/mpi/. Jobs need Open MPI's mpirun and mpi4py and are skipped without them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from lightning_dist_hooks import mpi
+
+REPO = Path(__file__).resolve().parents[1]
+SCRIPTS = REPO / "tests" / "mpi"
+JOB_TIMEOUT_S = 240  # start-up alone (importing torch and Lightning twice on 2 cores) can take 30 s
+WATCHDOG_TIMEOUT_S = 5
+# Time from rank 0 entering the skipped collective to mpirun's exit: the timeout, at most one watchdog period,
+# and MPI_Abort tearing the job down.
+WATCHDOG_MARGIN_S = 15
+MPIRUN_LOOPBACK_ONLY = ["--oversubscribe", "--mca", "oob_tcp_if_include", "lo", "--mca", "btl", "self,vader"]
+_LAUNCHER_PREFIXES = ("OMPI_", "PMI_", "PMIX_", "MV2_", "SLURM_")
+_TORCH_RENDEZVOUS_VARIABLES = {"MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK"}
+
+
+def _open_mpi_mpirun() -> str | None:
+    mpirun = shutil.which("mpirun")
+    if mpirun is None:
+        return None
+    version = subprocess.run([mpirun, "--version"], capture_output=True, text=True, timeout=30).stdout
+    return mpirun if "Open MPI" in version else None
+
+
+MPIRUN = _open_mpi_mpirun()
+needs_mpi = pytest.mark.skipif(
+    MPIRUN is None or not mpi.is_available(),
+    reason="needs Open MPI's mpirun (apt-get install openmpi-bin libopenmpi-dev) and mpi4py (pip install mpi4py)",
+)
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def _job_environment() -> dict[str, str]:
+    """This environment minus any outer launcher's variables, loopback only, this checkout importable."""
+    env = {
+        key: value
+        for key, value in os.environ.items()
+        if not key.startswith(_LAUNCHER_PREFIXES) and key not in _TORCH_RENDEZVOUS_VARIABLES
+    }
+    env.update(
+        PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")])),
+        PYTHONUNBUFFERED="1",
+        GLOO_SOCKET_IFNAME="lo",
+        MPI_TEST_PORT=str(_free_port()),
+    )
+    return env
+
+
+def _mpirun_command(script: Path, *args: str, ranks: int = 2) -> list[str]:
+    assert MPIRUN is not None
+    root = ["--allow-run-as-root"] if os.geteuid() == 0 else []
+    mpirun = [MPIRUN, *root, *MPIRUN_LOOPBACK_ONLY, "-n", str(ranks), sys.executable, str(script), *args]
+    return ["timeout", "-k", "10", str(JOB_TIMEOUT_S), *mpirun]  # mpirun kills the ranks when it is killed
+
+
+def run_mpi(script: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """Run ``script`` under ``mpirun -n 2``; stdout and stderr together in ``.stdout``."""
+    return subprocess.run(
+        _mpirun_command(script, *args),
+        cwd=REPO,
+        env=_job_environment(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
+        text=True,
+        timeout=JOB_TIMEOUT_S + 30,
+    )
+
+
+def listening_tcp_ports(pid: int) -> set[int]:
+    """Ports of the TCP sockets in LISTEN state that process ``pid`` holds (IPv4 and IPv6)."""
+    inodes = set()
+    for descriptor in Path(f"/proc/{pid}/fd").iterdir():
+        try:
+            target = os.readlink(descriptor)
+        except OSError:  # closed since the directory was listed
+            continue
+        if target.startswith("socket:["):
+            inodes.add(target[len("socket:[") : -1])
+    ports = set()
+    for table in ("tcp", "tcp6"):
+        for line in Path(f"/proc/{pid}/net/{table}").read_text().splitlines()[1:]:
+            fields = line.split()
+            local_address, state, inode = fields[1], fields[3], fields[9]
+            if state == "0A" and inode in inodes:  # 0A: TCP_LISTEN
+                ports.add(int(local_address.rsplit(":", 1)[1], 16))
+    return ports
+
+
+# --- without MPI ----------------------------------------------------------------------------------------------
+
+
+def test_import_registers_backend_and_init_method_without_starting_mpi() -> None:
+    code = """
+import sys
+import _setup  # imports lightning_dist_hooks.mpi alone
+import torch.distributed as dist
+from torch.distributed.rendezvous import _rendezvous_handlers
+from lightning_dist_hooks import mpi
+mpi.register()
+mpi.register()
+print(repr(dist.Backend("mpi4py")), "mpi4py" in dist.Backend.backend_list, "mpi" in _rendezvous_handlers,
+      mpi.mpi_init_method(), mpi.backend_for_mpi(), "mpi4py.MPI" in sys.modules)
+"""
+    completed = subprocess.run(
+        [sys.executable, "-c", code], cwd=SCRIPTS, env=_job_environment(), capture_output=True, text=True, timeout=120
+    )
+    assert completed.returncode == 0, completed.stderr
+    assert completed.stdout.split() == ["'mpi4py'", "True", "True", "mpi://", "mpi4py", "False"]
+
+
+def test_missing_mpi4py_names_the_install_command(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "mpi4py", None)  # as if not installed
+    monkeypatch.setitem(sys.modules, "mpi4py.MPI", None)
+    assert not mpi.is_available()
+    hint = 'pip install "lightning-dist-hooks[mpi]" (or: pip install mpi4py)'
+    with pytest.raises(ImportError, match=re.escape(hint)):
+        mpi.init_mpi()
+
+
+@pytest.mark.parametrize(
+    ("environ", "expected"),
+    [
+        (
+            {
+                "OMPI_COMM_WORLD_RANK": "3",
+                "OMPI_COMM_WORLD_SIZE": "8",
+                "OMPI_COMM_WORLD_LOCAL_RANK": "1",
+                "OMPI_COMM_WORLD_LOCAL_SIZE": "4",
+            },
+            mpi.MpiLaunch(rank=3, world_size=8, local_rank=1, local_world_size=4),
+        ),
+        ({"PMI_RANK": "2", "PMI_SIZE": "3"}, mpi.MpiLaunch(rank=2, world_size=3, local_rank=0, local_world_size=1)),
+        ({"RANK": "0", "WORLD_SIZE": "2"}, None),
+    ],
+    ids=["open-mpi", "hydra-without-local-values", "torchrun"],
+)
+def test_detect_mpi_launch(environ: dict[str, str], expected: mpi.MpiLaunch | None) -> None:
+    assert mpi.detect_mpi_launch(environ) == expected
+    assert mpi.launched_by_mpi(environ) == (expected is not None)
+
+
+# --- mpirun jobs ------------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def collectives_job() -> subprocess.CompletedProcess[str]:
+    """One job for collectives.py: every collective against expected values, then reductions against gloo."""
+    return run_mpi(SCRIPTS / "collectives.py")
+
+
+@needs_mpi
+def test_every_collective_gives_the_expected_values(collectives_job: subprocess.CompletedProcess[str]) -> None:
+    output = collectives_job.stdout
+    assert "FAILED" not in output, output[-8000:]
+    passed = {int(rank): int(count) for rank, count in re.findall(r"rank (\d+): (\d+) checks passed", output)}
+    assert set(passed) == {0, 1}, output[-8000:]
+    for name in (
+        "allreduce AVG torch.bfloat16",
+        "allreduce BXOR torch.bool",
+        "allreduce SUM torch.int8 wraps around",
+        "async allreduce future",
+        "reduce_scatter_tensor AVG bfloat16",
+        "all_to_all_single uneven",
+        "recv any source #1 payload",
+        "subgroup allreduce",
+        "non-CPU tensor rejected",
+        "mpi:// refuses a rank that disagrees with MPI",
+    ):
+        assert name in output
+    assert collectives_job.returncode == 0, output[-8000:]
+
+
+@needs_mpi
+def test_reductions_and_fsdp_training_are_bitwise_equal_to_gloo(
+    collectives_job: subprocess.CompletedProcess[str],
+) -> None:
+    output = collectives_job.stdout
+    assert "MISMATCH" not in output, output[-8000:]
+    results = re.findall(r"rank (\d+): (\d+) comparisons \((\d+) FSDP parameters\), (\d+) bitwise equal", output)
+    assert sorted(rank for rank, *_ in results) == ["0", "1"], output[-8000:]
+    for _, total, fsdp, equal in results:
+        assert int(total) == int(equal) > 60
+        assert int(fsdp) == 8  # weight and bias of two layers, for FSDP1 and FSDP2
+
+
+def _train_and_inspect_sockets(backend: str, tmp_path: Path) -> tuple[dict[str, torch.Tensor], dict[int, set[int]]]:
+    """Run ddp_train.py; while it is paused mid-training, record each rank's listening TCP ports."""
+    pause_dir = tmp_path / f"pause-{backend}"
+    pause_dir.mkdir()
+    out_file = tmp_path / f"{backend}.pt"
+    command = _mpirun_command(SCRIPTS / "ddp_train.py", backend, str(out_file), "--pause-dir", str(pause_dir))
+    with subprocess.Popen(
+        command,
+        cwd=REPO,
+        env=_job_environment(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
+        text=True,
+    ) as job:
+        try:
+            deadline = time.monotonic() + JOB_TIMEOUT_S
+            pid_files = [pause_dir / f"rank{rank}.pid" for rank in (0, 1)]
+            while not all(path.exists() for path in pid_files):
+                assert job.poll() is None, f"{backend} job ended before pausing:\n{job.stdout.read()[-6000:]}"
+                assert time.monotonic() < deadline, f"{backend} job did not pause within {JOB_TIMEOUT_S} s"
+                time.sleep(0.1)
+            time.sleep(0.2)  # a pid file is written before its content is flushed
+            listening = {rank: listening_tcp_ports(int(path.read_text())) for rank, path in enumerate(pid_files)}
+            (pause_dir / "resume").touch()
+            output, _ = job.communicate(timeout=JOB_TIMEOUT_S)
+        finally:
+            if job.poll() is None:
+                job.kill()
+    assert job.returncode == 0, output[-8000:]
+    return torch.load(out_file), listening
+
+
+@needs_mpi
+def test_ddp_trains_bitwise_like_gloo_without_listening_sockets(tmp_path: Path) -> None:
+    ours, ours_listening = _train_and_inspect_sockets("mpi4py", tmp_path)
+    gloo, gloo_listening = _train_and_inspect_sockets("gloo", tmp_path)
+    assert ours_listening == {0: set(), 1: set()}
+    assert gloo_listening[0], "the socket inspection must see gloo's TCP store listening on rank 0"
+    assert ours.keys() == gloo.keys()
+    for name in ours:
+        assert torch.equal(ours[name], gloo[name]), f"{name} differs between mpi4py and gloo"
+
+
+@needs_mpi
+@pytest.mark.parametrize("mode", ["blocking", "future"])
+def test_watchdog_aborts_a_collective_another_rank_skipped(mode: str) -> None:
+    completed = run_mpi(SCRIPTS / "timeout_job.py", mode, str(WATCHDOG_TIMEOUT_S))
+    ended = time.time()
+    assert completed.returncode != 0, completed.stdout[-6000:]
+    waiting_since = re.search(r"waiting since ([\d.]+)", completed.stdout)
+    assert waiting_since, completed.stdout[-6000:]
+    assert WATCHDOG_TIMEOUT_S <= ended - float(waiting_since.group(1)) <= WATCHDOG_TIMEOUT_S + WATCHDOG_MARGIN_S
+    assert (
+        f"rank 0: allreduce(SUM) of float32[4] on the default process group did not complete within the process "
+        f"group timeout ({WATCHDOG_TIMEOUT_S} s)" in completed.stdout
+    )
+    assert "MPI_Abort" in completed.stdout
+    assert "completed although rank 1 skipped it" not in completed.stdout
+
+
+@needs_mpi
+def test_lightning_trainer_fits_on_the_mpi4py_backend(tmp_path: Path) -> None:
+    completed = run_mpi(SCRIPTS / "lightning_fit.py", str(tmp_path))
+    assert completed.returncode == 0, completed.stdout[-8000:]
+    records = [json.loads((tmp_path / f"rank{rank}.json").read_text()) for rank in (0, 1)]
+    for record in records:
+        assert record["backend"] == "mpi4py"
+        assert record["int_mean"] == 2  # int64 AVG of 1 and 4 truncates, as after Lightning's gloo fallback
+        assert record["float_sum"] == 3.0
+        assert record["broadcast"] == {"from": 1}
+        assert record["all_gather"] == [[0], [1]]
+    assert records[0]["parameters"] == records[1]["parameters"]
+    assert records[0]["logged_train_loss"] == records[1]["logged_train_loss"]
+
+
+@needs_mpi
+def test_benchmark_quick_run(tmp_path: Path) -> None:
+    results_file = tmp_path / "results.json"
+    completed = run_mpi(REPO / "benchmarks" / "mpi_allreduce.py", "--quick", "--json", str(results_file))
+    assert completed.returncode == 0, completed.stdout[-8000:]
+    assert "DDP training step" in completed.stdout
+    results = json.loads(results_file.read_text())
+    assert [row["bytes"] for row in results["allreduce"]] == [4 << 10, 64 << 10]
+    for row in results["allreduce"]:
+        assert set(row["median_seconds"]) == {"mpi4py backend", "gloo", "raw mpi4py", "raw, torch memory"}
+        assert all(seconds > 0 for seconds in row["median_seconds"].values())
+    assert set(results["ddp_step"]["median_seconds"]) == {"mpi4py backend", "gloo"}
