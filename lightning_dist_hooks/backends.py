@@ -6,15 +6,21 @@ A wrong backend name otherwise surfaces minutes later, inside every rank, as a C
 
 from __future__ import annotations
 
+import logging
+
 import torch
 import torch.distributed as dist
+
+from lightning_dist_hooks import mpi
+
+log = logging.getLogger(__name__)
 
 # Backends torch itself knows; any of them may be missing from a given build (PyPI wheels lack mpi and ucc).
 NATIVE_BACKENDS = ("gloo", "nccl", "mpi", "ucc", "xccl")
 
 _HOW_TO_GET_NATIVE = {
     "nccl": "install a CUDA build of torch and run on NVIDIA GPUs; for CPU training use torch_dist_backend='gloo'",
-    "mpi": "build torch from source against your MPI, or use torch_dist_backend='gloo'",
+    "mpi": f"install mpi4py ({mpi.INSTALL_HINT}) and start the ranks with mpirun",
     "ucc": "build torch from source with USE_UCC=1, or use torch_dist_backend='gloo'",
     "xccl": "install an XPU build of torch and run on Intel GPUs",
     "gloo": "install a torch build with distributed support",
@@ -37,9 +43,26 @@ def normalize_backend(backend: str) -> str:
     if not isinstance(backend, str):
         raise TypeError(f"torch_dist_backend must be a string or None, got {backend!r} ({type(backend).__name__}).")
     name = backend.strip().lower()
+    if name in ("mpi", mpi.BACKEND_NAME):
+        return _mpi_backend(backend, name)
     for part in name.split(","):
         _check_single_backend(backend, part.split(":")[-1].strip())
     return name
+
+
+def _mpi_backend(given: str, name: str) -> str:
+    """torch's own MPI where the build has it; else (and when asked by name) the mpi4py transport."""
+    if name == "mpi" and dist.is_mpi_available():
+        return "mpi"
+    if not mpi.is_available():
+        raise ValueError(
+            f"torch_dist_backend={given!r}: this torch build ({torch.__version__}) has no native MPI, and the MPI "
+            f"transport of lightning_dist_hooks needs mpi4py, which is not installed. Install it: {mpi.INSTALL_HINT}. "
+            "Or use torch_dist_backend='gloo'."
+        )
+    if name == "mpi":
+        log.info("torch has no native MPI backend: torch_dist_backend='mpi' uses lightning_dist_hooks' mpi4py transport")
+    return mpi.backend_for_mpi()
 
 
 def _check_single_backend(given: str, name: str) -> None:
@@ -57,7 +80,12 @@ def _check_single_backend(given: str, name: str) -> None:
 
 
 def check_backend_fits_devices(backend: str, uses_cuda: bool) -> None:
-    """NCCL runs only between CUDA devices: say so before a CPU run tries it."""
+    """NCCL runs only between CUDA devices, the mpi4py transport only on CPU: say so before a run tries."""
+    if backend == mpi.BACKEND_NAME and uses_cuda:
+        raise ValueError(
+            f"torch_dist_backend={backend!r} moves CPU tensors only, but this Trainer runs on CUDA. Use "
+            "torch_dist_backend='nccl' on GPUs, or Trainer(accelerator='cpu')."
+        )
     if "nccl" in backend and not uses_cuda and ":" not in backend:
         raise ValueError(
             f"torch_dist_backend={backend!r} needs CUDA devices, but this Trainer's accelerator is not CUDA. "

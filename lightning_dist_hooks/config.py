@@ -5,8 +5,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
+from lightning_dist_hooks import mpi
 from lightning_dist_hooks.backends import normalize_backend
 from lightning_dist_hooks.init_methods import validate_init_method
+
+
+# Backends whose ranks are started and numbered by MPI itself.
+MPI_BACKENDS = ("mpi", mpi.BACKEND_NAME)
 
 
 @dataclass(frozen=True)
@@ -19,10 +24,19 @@ class ProcessGroupConfig:
     @classmethod
     def validated(cls, backend: Optional[str], init_method: Optional[str]) -> "ProcessGroupConfig":
         """Check both values; raise ``ValueError``/``TypeError`` naming the bad one and the fix."""
-        return cls(
-            backend=None if backend is None else normalize_backend(backend),
-            init_method=None if init_method is None else validate_init_method(init_method),
-        )
+        backend = None if backend is None else normalize_backend(backend)
+        init_method = None if init_method is None else validate_init_method(init_method)
+        uses_mpi = backend in MPI_BACKENDS
+        if init_method == "mpi://" and not uses_mpi:
+            raise ValueError(
+                f"torch_dist_init_method='mpi://' needs an MPI backend, but torch_dist_backend={backend!r} "
+                "rendezvous through a store that mpi:// does not provide. Use torch_dist_backend='mpi', or another "
+                "init method."
+            )
+        if uses_mpi and init_method is None:
+            # MPI already knows every rank: meeting through a TCP store would only add a listener.
+            init_method = "mpi://"
+        return cls(backend=backend, init_method=init_method)
 
     @property
     def is_default(self) -> bool:

@@ -232,6 +232,26 @@ def _claim_rendezvous_file(url: str, path: Path, rank: int) -> Path:
     return claim
 
 
+class MpiInitMethod(InitMethod):
+    """``mpi://``: rank and world size come from the MPI launcher; no store to meet through, nobody listens.
+
+    Only the MPI backends (``"mpi"``, ``"mpi4py"``) can use it; ``ProcessGroupConfig`` checks that.
+    """
+
+    scheme = "mpi"
+
+    def validate(self, url: str, parts: SplitResult) -> str:
+        if parts.netloc or parts.path not in ("", "/"):
+            raise ValueError(
+                f"torch_dist_init_method={url!r}: mpi:// takes no address; rank and world size come from mpirun. "
+                "Use 'mpi://'."
+            )
+        return "mpi://"
+
+    def prepare(self, url: str, cluster_environment: ClusterEnvironment) -> Rendezvous:
+        return Rendezvous("mpi://")
+
+
 _REGISTRY: dict[str, InitMethod] = {}
 
 
@@ -240,7 +260,7 @@ def register_init_method(handler: InitMethod) -> None:
     _REGISTRY[handler.scheme] = handler
 
 
-for _handler in (EnvInitMethod(), TcpInitMethod(), FileInitMethod()):
+for _handler in (EnvInitMethod(), TcpInitMethod(), FileInitMethod(), MpiInitMethod()):
     register_init_method(_handler)
 
 

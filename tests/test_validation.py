@@ -51,6 +51,11 @@ def test_nccl_without_cuda_devices_suggests_gloo():
     check_backend_fits_devices("nccl", uses_cuda=True)
 
 
+def test_the_mpi4py_transport_on_cuda_devices_suggests_nccl():
+    with pytest.raises(ValueError, match=r"'mpi4py' moves CPU tensors only, but this Trainer runs on CUDA. Use torch_dist_backend='nccl'"):
+        check_backend_fits_devices("mpi4py", uses_cuda=True)
+
+
 def test_a_registered_third_party_backend_is_accepted():
     name = "ldh_test_backend"
     if name not in dist.Backend.backend_list:
@@ -76,8 +81,8 @@ def test_backend_must_be_a_string():
 @pytest.mark.parametrize(
     ("init_method", "message"),
     [
-        ("udp://127.0.0.1:1234", r"unknown scheme 'udp'. Use one of: env://, file://, tcp://"),
-        ("127.0.0.1:1234", r"has no scheme. Use one of: env://, file://, tcp://"),
+        ("udp://127.0.0.1:1234", r"unknown scheme 'udp'. Use one of: env://, file://, mpi://, tcp://"),
+        ("127.0.0.1:1234", r"has no scheme. Use one of: env://, file://, mpi://, tcp://"),
         ("tcp://127.0.0.1", r"needs a port between 1 and 65535"),
         ("tcp://127.0.0.1:0", r"needs a port between 1 and 65535"),
         ("tcp://127.0.0.1:99999", r"needs a port between 1 and 65535"),

@@ -20,6 +20,7 @@ from pytorch_lightning.strategies import DDPStrategy, ModelParallelStrategy
 from torch.utils.data import DataLoader, Dataset, Sampler
 
 import lightning_dist_hooks
+from sockets import listening_tcp_ports
 from lightning_dist_hooks.environments import SCHEDULER_ENVIRONMENTS
 
 DATASET_SIZE = 24
@@ -122,6 +123,7 @@ class JobModule(pl.LightningModule):
             "local_rank": self.local_rank,
             "node_rank": self.trainer.node_rank,
             "pid": os.getpid(),
+            "listening_tcp_ports": sorted(listening_tcp_ports(os.getpid())),
         }
         out = Path(self.args.out)
         out.mkdir(parents=True, exist_ok=True)

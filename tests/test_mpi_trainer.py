@@ -1,0 +1,70 @@
+"""``Trainer(torch_dist_backend="mpi")`` under a real ``mpirun``: stock torch, no store, no listening socket."""
+
+from __future__ import annotations
+
+import shutil
+import sys
+
+import pytest
+
+from conftest import FIT_JOB, run_command
+from lightning_dist_hooks import Trainer, mpi
+
+MPIRUN = ["timeout", "150", "mpirun.openmpi", "-n", "2", "--allow-run-as-root", "--oversubscribe",
+          "--mca", "oob_tcp_if_include", "lo", "--mca", "btl", "self,vader", "-x", "GLOO_SOCKET_IFNAME=lo",
+          "-x", "PYTHONPATH"]
+
+needs_mpi = pytest.mark.skipif(
+    shutil.which("mpirun.openmpi") is None or not mpi.is_available(),
+    reason="needs OpenMPI's mpirun and mpi4py (.ci/install)",
+)
+
+
+def fit_under_mpirun(tmp_path, name: str, *flags: str):
+    out_dir = tmp_path / name
+    command = [*MPIRUN, sys.executable, str(FIT_JOB), "--out", str(out_dir), "--epochs", "2", *flags]
+    return run_command(command, cwd=tmp_path, out_dir=out_dir, timeout=180).assert_ok()
+
+
+@needs_mpi
+def test_mpi_fit_is_bitwise_gloos_with_the_hooks_and_holds_no_listening_socket(tmp_path):
+    gloo = fit_under_mpirun(tmp_path, "gloo", "--backend", "gloo", "--init-method", f"file://{tmp_path}/")
+    ours = fit_under_mpirun(tmp_path, "mpi", "--backend", "mpi", "--setup-hook", "record")
+    assert ours.same_on_all_ranks("weights_sha256") == gloo.same_on_all_ranks("weights_sha256")
+    for rank, record in ours.ranks.items():
+        assert record["environment"] == "OpenMPIEnvironment"
+        assert record["process_group_backend"] == "mpi4py"
+        (call,) = record["setup_calls"]
+        # The hook forwards what it gets: mpi:// keeps even an overriding hook free of any TCP store.
+        assert (call["backend"], call["init_method"], call["rank"], call["world_size"]) == ("mpi4py", "mpi://", rank, 2)
+        assert "TCPStore" not in record["store"]
+        assert record["listening_tcp_ports"] == []
+    assert gloo.ranks[0]["listening_tcp_ports"], "the socket check must see gloo's listeners"
+
+
+@needs_mpi
+def test_mpi_fit_with_a_custom_sampler_and_sync_dist_logging(tmp_path):
+    result = fit_under_mpirun(tmp_path, "sampler", "--backend", "MPI", "--sampler-hook", "custom")
+    for rank, record in result.ranks.items():
+        assert record["seen"]["train"] == list(range(rank, 24, 3)) * 2
+        assert record["sampler_calls"] == ["validate", "train"]
+    result.same_on_all_ranks("weights_sha256")
+
+
+def test_mpi_without_mpi4py_names_the_install_command(monkeypatch):
+    monkeypatch.setitem(sys.modules, "mpi4py", None)  # makes `import mpi4py` fail, as on a machine without it
+    with pytest.raises(ValueError, match=r"needs mpi4py, which is not installed. Install it: pip install "
+                                         r"\"lightning-dist-hooks\[mpi\]\""):
+        Trainer(accelerator="cpu", devices=2, strategy="ddp", torch_dist_backend="mpi", logger=False)
+
+
+@pytest.mark.skipif(not mpi.is_available(), reason="needs mpi4py")
+def test_mpi_selects_the_mpi4py_transport_and_the_socket_free_init_method():
+    trainer = Trainer(accelerator="cpu", devices=2, strategy="ddp", torch_dist_backend="MPI", logger=False)
+    assert (trainer.torch_dist_backend, trainer.torch_dist_init_method) == ("mpi4py", "mpi://")
+
+
+def test_mpi_init_method_needs_an_mpi_backend():
+    with pytest.raises(ValueError, match=r"torch_dist_init_method='mpi://' needs an MPI backend"):
+        Trainer(accelerator="cpu", devices=2, strategy="ddp", torch_dist_backend="gloo",
+                torch_dist_init_method="mpi://", logger=False)
