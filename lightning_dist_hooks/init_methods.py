@@ -54,18 +54,26 @@ class InitMethod(ABC):
         """Get this rank ready to rendezvous through ``url``."""
 
 
-class EnvInitMethod(InitMethod):
-    """``env://``: torch reads ``MASTER_ADDR``/``MASTER_PORT``, which Lightning takes from the cluster environment."""
+class AddresslessInitMethod(InitMethod):
+    """A scheme whose whole URL is ``SCHEME://``: where the ranks meet is known from elsewhere."""
 
-    scheme = "env"
+    # Completes "SCHEME:// takes no address; ..." in the error for a URL that names one.
+    where_ranks_meet: str = ""
 
     def validate(self, url: str, parts: SplitResult) -> str:
         if parts.netloc or parts.path not in ("", "/"):
             raise ValueError(
-                f"torch_dist_init_method={url!r}: env:// takes no address; the address comes from MASTER_ADDR and "
-                "MASTER_PORT (or your cluster environment). Use 'env://', or 'tcp://HOST:PORT' to name one."
+                f"torch_dist_init_method={url!r}: {self.scheme}:// takes no address; {self.where_ranks_meet}"
             )
-        return "env://"
+        return f"{self.scheme}://"
+
+
+class EnvInitMethod(AddresslessInitMethod):
+    """``env://``: torch reads ``MASTER_ADDR``/``MASTER_PORT``, which Lightning takes from the cluster environment."""
+
+    scheme = "env"
+    where_ranks_meet = ("the address comes from MASTER_ADDR and MASTER_PORT (or your cluster environment). "
+                        "Use 'env://', or 'tcp://HOST:PORT' to name one.")
 
     def prepare(self, url: str, cluster_environment: ClusterEnvironment) -> Rendezvous:
         # Exactly what Lightning's own ``_init_dist_connection`` does before ``init_process_group``.
@@ -232,21 +240,14 @@ def _claim_rendezvous_file(url: str, path: Path, rank: int) -> Path:
     return claim
 
 
-class MpiInitMethod(InitMethod):
+class MpiInitMethod(AddresslessInitMethod):
     """``mpi://``: rank and world size come from the MPI launcher; no store to meet through, nobody listens.
 
     Only the MPI backends (``"mpi"``, ``"mpi4py"``) can use it; ``ProcessGroupConfig`` checks that.
     """
 
     scheme = "mpi"
-
-    def validate(self, url: str, parts: SplitResult) -> str:
-        if parts.netloc or parts.path not in ("", "/"):
-            raise ValueError(
-                f"torch_dist_init_method={url!r}: mpi:// takes no address; rank and world size come from mpirun. "
-                "Use 'mpi://'."
-            )
-        return "mpi://"
+    where_ranks_meet = "rank and world size come from mpirun. Use 'mpi://'."
 
     def prepare(self, url: str, cluster_environment: ClusterEnvironment) -> Rendezvous:
         return Rendezvous("mpi://")
