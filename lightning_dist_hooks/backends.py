@@ -15,6 +15,9 @@ from lightning_dist_hooks import mpi
 
 log = logging.getLogger(__name__)
 
+# Backends whose ranks are started and numbered by MPI itself: torch's own and this package's transport.
+MPI_BACKENDS = ("mpi", mpi.BACKEND_NAME)
+
 # Backends torch itself knows; any of them may be missing from a given build (PyPI wheels lack mpi and ucc).
 NATIVE_BACKENDS = ("gloo", "nccl", "mpi", "ucc", "xccl")
 
@@ -43,7 +46,7 @@ def normalize_backend(backend: str) -> str:
     if not isinstance(backend, str):
         raise TypeError(f"torch_dist_backend must be a string or None, got {backend!r} ({type(backend).__name__}).")
     name = backend.strip().lower()
-    if name in ("mpi", mpi.BACKEND_NAME):
+    if name in MPI_BACKENDS:
         return _mpi_backend(backend, name)
     for part in name.split(","):
         _check_single_backend(backend, part.split(":")[-1].strip())

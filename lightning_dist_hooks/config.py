@@ -5,13 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
-from lightning_dist_hooks import mpi
-from lightning_dist_hooks.backends import normalize_backend
+from lightning_dist_hooks.backends import MPI_BACKENDS, normalize_backend
 from lightning_dist_hooks.init_methods import validate_init_method
-
-
-# Backends whose ranks are started and numbered by MPI itself.
-MPI_BACKENDS = ("mpi", mpi.BACKEND_NAME)
 
 
 @dataclass(frozen=True)

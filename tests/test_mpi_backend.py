@@ -91,7 +91,6 @@ def run_mpi(script: Path, *args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
-
 # --- without MPI ----------------------------------------------------------------------------------------------
 
 

@@ -8,11 +8,9 @@ import sys
 import pytest
 
 from conftest import FIT_JOB, run_command
+from test_launchers import OPENMPI_RUN
 from lightning_dist_hooks import Trainer, mpi
 
-MPIRUN = ["timeout", "150", "mpirun.openmpi", "-n", "2", "--allow-run-as-root", "--oversubscribe",
-          "--mca", "oob_tcp_if_include", "lo", "--mca", "btl", "self,vader", "-x", "GLOO_SOCKET_IFNAME=lo",
-          "-x", "PYTHONPATH"]
 
 needs_mpi = pytest.mark.skipif(
     shutil.which("mpirun.openmpi") is None or not mpi.is_available(),
@@ -22,7 +20,7 @@ needs_mpi = pytest.mark.skipif(
 
 def fit_under_mpirun(tmp_path, name: str, *flags: str):
     out_dir = tmp_path / name
-    command = [*MPIRUN, sys.executable, str(FIT_JOB), "--out", str(out_dir), "--epochs", "2", *flags]
+    command = ["timeout", "150", *OPENMPI_RUN, sys.executable, str(FIT_JOB), "--out", str(out_dir), "--epochs", "2", *flags]
     return run_command(command, cwd=tmp_path, out_dir=out_dir, timeout=180).assert_ok()
 
 
