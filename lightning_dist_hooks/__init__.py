@@ -9,14 +9,17 @@ and everything behaves as ``pytorch_lightning.Trainer`` until you use the new fl
 ``setup_distributed_backend`` and ``configure_sampler``.
 """
 
+import warnings
+
 from lightning_dist_hooks.environments import (
     FluxEnvironment,
     HydraEnvironment,
+    LauncherEnvironment,
     MVAPICH2Environment,
     OpenMPIEnvironment,
     PALSEnvironment,
-    SchedulerEnvironment,
     detect_cluster_environment,
+    register_cluster_environment,
 )
 from lightning_dist_hooks.hooks import (
     DistributedHooksMixin,
@@ -26,6 +29,7 @@ from lightning_dist_hooks.hooks import (
 )
 from lightning_dist_hooks.init_methods import InitMethod, Rendezvous, register_init_method
 from lightning_dist_hooks.job_identity import job_identity
+from lightning_dist_hooks.launcher_variables import LauncherVariables
 from lightning_dist_hooks.process_group import DistributedSetupError
 from lightning_dist_hooks.sampling import SamplerHookError
 from lightning_dist_hooks.trainer import DistributedHooksTrainerMixin, Trainer
@@ -39,17 +43,27 @@ __all__ = [
     "FluxEnvironment",
     "HydraEnvironment",
     "InitMethod",
+    "LauncherEnvironment",
+    "LauncherVariables",
     "LightningModule",
     "MVAPICH2Environment",
     "OpenMPIEnvironment",
     "PALSEnvironment",
     "Rendezvous",
     "SamplerHookError",
-    "SchedulerEnvironment",
     "Trainer",
     "default_setup_distributed_backend",
     "detect_cluster_environment",
     "job_identity",
     "lightning_default_sampler",
+    "register_cluster_environment",
     "register_init_method",
 ]
+
+
+def __getattr__(name: str) -> object:
+    if name == "SchedulerEnvironment":  # deprecated: it also covers MPI launchers, which are not schedulers
+        warnings.warn("lightning_dist_hooks.SchedulerEnvironment is deprecated; use LauncherEnvironment.",
+                      DeprecationWarning, stacklevel=2)
+        return LauncherEnvironment
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

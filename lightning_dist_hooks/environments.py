@@ -1,18 +1,20 @@
 """Lightning ``ClusterEnvironment`` classes for the launchers Lightning does not know: OpenMPI, MPICH/Intel MPI
 (Hydra), MVAPICH2, Flux and PBS Pro with HPE PALS.
 
-Each launcher is one table of the environment variables it sets for every process (submitit's idea), read by a
-shared base class. None of them initialises MPI to detect itself: they read variables only, unlike Lightning's
+Each launcher is one table of the environment variables it sets for every process (submitit's idea; the tables are
+in :mod:`lightning_dist_hooks.launcher_variables`), read by the shared base class :class:`LauncherEnvironment`. None of them initialises MPI to detect itself: they read variables only, unlike Lightning's
 ``MPIEnvironment.detect()``, which calls ``MPI_Init`` through mpi4py as a side effect.
 
 Use one explicitly with ``Trainer(plugins=[OpenMPIEnvironment()])``, or let ``lightning_dist_hooks.Trainer``
-pick it: :func:`detect_cluster_environment` gives the environment in the priority order below.
+pick it: :func:`detect_cluster_environment` gives the environment in the priority order below, to which
+:func:`register_cluster_environment` adds your own.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import warnings
 import zlib
 from pathlib import Path
 from typing import ClassVar, Optional
@@ -24,6 +26,9 @@ from lightning_fabric.plugins.environments import (
     TorchElasticEnvironment,
 )
 
+from lightning_dist_hooks import launcher_variables
+from lightning_dist_hooks.launcher_variables import LauncherVariables
+
 log = logging.getLogger(__name__)
 
 # env:// without MASTER_PORT: a port derived from the job identity, so every rank computes the same one without
@@ -33,16 +38,22 @@ _DERIVED_PORT_BASE, _DERIVED_PORT_RANGE = 20000, 10000
 _DEFAULT_PORT = 29500
 
 
-class SchedulerEnvironment(ClusterEnvironment):
+class LauncherEnvironment(ClusterEnvironment):
     """A launcher described by the environment variables it sets in every process it starts.
 
-    Subclasses fill in the table (class attributes); everything else is shared:
+    Subclasses give the table (``variables``, a :class:`~lightning_dist_hooks.launcher_variables.LauncherVariables`);
+    everything else is shared. A launcher of your own, made detectable with :func:`register_cluster_environment`::
 
-    * ``detect()``: every variable in ``detect_variables`` is set;
+        class SiteLauncherEnvironment(LauncherEnvironment):
+            variables = LauncherVariables(detect=("SITE_RANK", "SITE_SIZE", "SITE_LOCAL_RANK"), rank="SITE_RANK",
+                                          world_size="SITE_SIZE", local_rank="SITE_LOCAL_RANK",
+                                          identity=(("SITE_JOB_ID",),))
+
+    * ``detect()``: every variable in ``variables.detect`` is set;
     * ranks and world size: straight from the variables;
-    * node rank: ``node_rank_variable`` when the launcher gives one, otherwise derived as
-      ``global_rank // ranks_per_node``, where ranks per node is ``world_size // nodes`` (``node_count_variable``)
-      or this node's ``local_size_variable``. That holds for block placement (ranks 0..k-1 on the first node, the
+    * node rank: ``variables.node_rank`` when the launcher gives one, otherwise derived as
+      ``global_rank // ranks_per_node``, where ranks per node is ``world_size // nodes`` (``variables.node_count``)
+      or this node's ``variables.local_size``. That holds for block placement (ranks 0..k-1 on the first node, the
       default of every launcher here) with the same number of ranks on each node; Lightning uses the node rank only
       for its own logging and paths, never to address a peer;
     * main address (read only for ``env://``): ``MASTER_ADDR``, else the scheduler's own (:meth:`scheduler_main_address`),
@@ -51,32 +62,24 @@ class SchedulerEnvironment(ClusterEnvironment):
     * main port (read only for ``env://``): ``MASTER_PORT``, else one derived from the job identity, else 29500.
     """
 
-    detect_variables: ClassVar[tuple[str, ...]] = ()
-    rank_variable: ClassVar[str] = ""
-    world_size_variable: ClassVar[str] = ""
-    local_rank_variable: ClassVar[str] = ""
-    local_size_variable: ClassVar[Optional[str]] = None
-    node_rank_variable: ClassVar[Optional[str]] = None
-    node_count_variable: ClassVar[Optional[str]] = None
-    # Alternatives, first complete one wins; the first name of each is required, the others are appended when set.
-    identity_variables: ClassVar[tuple[tuple[str, ...], ...]] = ()
+    variables: ClassVar[LauncherVariables]
 
     @classmethod
     def detect(cls) -> bool:
-        return all(name in os.environ for name in cls.detect_variables)
+        return all(name in os.environ for name in cls.variables.detect)
 
     @property
     def creates_processes_externally(self) -> bool:
         return True
 
     def world_size(self) -> int:
-        return _int_variable(self.world_size_variable)
+        return _int_variable(self.variables.world_size)
 
     def global_rank(self) -> int:
-        return _int_variable(self.rank_variable)
+        return _int_variable(self.variables.rank)
 
     def local_rank(self) -> int:
-        return _int_variable(self.local_rank_variable)
+        return _int_variable(self.variables.local_rank)
 
     def set_world_size(self, size: int) -> None:
         log.debug(f"{type(self).__name__}.set_world_size ignored: the launcher decides the world size.")
@@ -85,15 +88,17 @@ class SchedulerEnvironment(ClusterEnvironment):
         log.debug(f"{type(self).__name__}.set_global_rank ignored: the launcher decides the rank.")
 
     def node_rank(self) -> int:
-        if self.node_rank_variable is not None and self.node_rank_variable in os.environ:
-            return _int_variable(self.node_rank_variable)
+        node_rank = self.variables.node_rank
+        if node_rank is not None and node_rank in os.environ:
+            return _int_variable(node_rank)
         return self.global_rank() // self._ranks_per_node()
 
     def _ranks_per_node(self) -> int:
-        if self.node_count_variable is not None and self.node_count_variable in os.environ:
-            return max(1, self.world_size() // _int_variable(self.node_count_variable))
-        if self.local_size_variable is not None and self.local_size_variable in os.environ:
-            return max(1, _int_variable(self.local_size_variable))
+        node_count, local_size = self.variables.node_count, self.variables.local_size
+        if node_count is not None and node_count in os.environ:
+            return max(1, self.world_size() // _int_variable(node_count))
+        if local_size is not None and local_size in os.environ:
+            return max(1, _int_variable(local_size))
         return self.world_size()  # nothing says otherwise: one node
 
     def _all_ranks_on_this_node(self) -> bool:
@@ -128,7 +133,7 @@ class SchedulerEnvironment(ClusterEnvironment):
     @classmethod
     def job_identity(cls) -> Optional[str]:
         """A name for this launch that every rank derives from its own environment, or None."""
-        return identity_from(cls.identity_variables)
+        return identity_from(cls.variables.identity)
 
 
 def identity_from(alternatives: tuple[tuple[str, ...], ...]) -> Optional[str]:
@@ -147,81 +152,45 @@ def _int_variable(name: str) -> int:
         raise RuntimeError(f"The launcher should set {name} to an integer, but it is {value!r}.") from None
 
 
-# The enclosing allocation, for MPI launchers that name no launch of their own. Several launches inside one
-# allocation share it; the rendezvous claim files (init_methods.py) turn a leftover from one into a clear error.
-_ALLOCATION_IDENTITY = (("FLUX_JOB_ID",), ("PBS_JOBID",), ("LSB_JOBID", "LSB_JOBINDEX"), ("SLURM_JOB_ID",))
+class OpenMPIEnvironment(LauncherEnvironment):
+    """Processes started by OpenMPI's ``mpirun``/``mpiexec`` (or PRRTE's ``prterun``); identity ``PMIX_NAMESPACE``."""
+
+    variables = launcher_variables.OPEN_MPI
 
 
-class OpenMPIEnvironment(SchedulerEnvironment):
-    """Processes started by OpenMPI's ``mpirun``/``mpiexec`` (or PRRTE's ``prterun``).
-
-    ``OMPI_COMM_WORLD_NODE_RANK`` is deliberately unused: despite its name it is a rank among the processes on
-    this node, not a node index. ``PMIX_NAMESPACE`` names the launch (new for every ``mpirun``).
-    """
-
-    detect_variables = ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK")
-    rank_variable = "OMPI_COMM_WORLD_RANK"
-    world_size_variable = "OMPI_COMM_WORLD_SIZE"
-    local_rank_variable = "OMPI_COMM_WORLD_LOCAL_RANK"
-    local_size_variable = "OMPI_COMM_WORLD_LOCAL_SIZE"
-    identity_variables = (("PMIX_NAMESPACE",), *_ALLOCATION_IDENTITY)
-
-
-class HydraEnvironment(SchedulerEnvironment):
+class HydraEnvironment(LauncherEnvironment):
     """Processes started by the Hydra process manager: MPICH's and Intel MPI's ``mpiexec``/``mpirun``.
 
-    ``MPI_LOCALRANKID`` is required: ``srun --mpi=pmi2`` sets ``PMI_RANK``/``PMI_SIZE`` too, but not it, so a
-    process ``srun`` started stays SLURM's. Hydra names no launch, so the identity is the enclosing allocation's.
+    A process ``srun --mpi=pmi2`` started stays SLURM's (no ``MPI_LOCALRANKID``). Hydra names no launch, so the
+    identity is the enclosing allocation's.
     """
 
-    detect_variables = ("PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID")
-    rank_variable = "PMI_RANK"
-    world_size_variable = "PMI_SIZE"
-    local_rank_variable = "MPI_LOCALRANKID"
-    local_size_variable = "MPI_LOCALNRANKS"
-    identity_variables = _ALLOCATION_IDENTITY
+    variables = launcher_variables.HYDRA
 
 
-class MVAPICH2Environment(SchedulerEnvironment):
+class MVAPICH2Environment(LauncherEnvironment):
     """Processes started by MVAPICH2's ``mpirun_rsh`` or ``mpiexec``."""
 
-    detect_variables = ("MV2_COMM_WORLD_RANK", "MV2_COMM_WORLD_SIZE", "MV2_COMM_WORLD_LOCAL_RANK")
-    rank_variable = "MV2_COMM_WORLD_RANK"
-    world_size_variable = "MV2_COMM_WORLD_SIZE"
-    local_rank_variable = "MV2_COMM_WORLD_LOCAL_RANK"
-    local_size_variable = "MV2_COMM_WORLD_LOCAL_SIZE"
-    identity_variables = _ALLOCATION_IDENTITY
+    variables = launcher_variables.MVAPICH2
 
 
-class FluxEnvironment(SchedulerEnvironment):
+class FluxEnvironment(LauncherEnvironment):
     """Tasks started by ``flux run`` / ``flux submit``; ``FLUX_JOB_ID`` is unique for every job, never reused.
 
     Flux also sets ``PMI_RANK``/``PMI_SIZE`` (its PMI server), which is why Flux is detected before Hydra.
     """
 
-    detect_variables = ("FLUX_TASK_RANK", "FLUX_TASK_LOCAL_ID", "FLUX_JOB_SIZE", "FLUX_JOB_ID")
-    rank_variable = "FLUX_TASK_RANK"
-    world_size_variable = "FLUX_JOB_SIZE"
-    local_rank_variable = "FLUX_TASK_LOCAL_ID"
-    node_count_variable = "FLUX_JOB_NNODES"
-    identity_variables = (("FLUX_JOB_ID",),)
+    variables = launcher_variables.FLUX
 
 
-class PALSEnvironment(SchedulerEnvironment):
+class PALSEnvironment(LauncherEnvironment):
     """Processes started by HPE PALS's ``mpiexec`` inside a PBS Pro job.
 
     PALS gives the node index (``PALS_NODEID``); the main address is the first host of ``PBS_NODEFILE``, where
-    PALS places rank 0. ``PBS_JOBID`` is required for detection, so ``srun --mpi=cray_shasta`` (which sets
-    ``PALS_*`` too) stays SLURM's. ``PALS_APID`` names each ``mpiexec`` inside the job.
+    PALS places rank 0.
     """
 
-    detect_variables = ("PALS_RANKID", "PALS_LOCAL_RANKID", "PMI_SIZE", "PBS_JOBID")
-    rank_variable = "PALS_RANKID"
-    world_size_variable = "PMI_SIZE"
-    local_rank_variable = "PALS_LOCAL_RANKID"
-    local_size_variable = "PALS_LOCAL_SIZE"
-    node_rank_variable = "PALS_NODEID"
-    identity_variables = (("PBS_JOBID", "PALS_APID"),)
+    variables = launcher_variables.PALS
 
     def scheduler_main_address(self) -> Optional[str]:
         nodefile = os.environ.get("PBS_NODEFILE")
@@ -232,42 +201,108 @@ class PALSEnvironment(SchedulerEnvironment):
         return first or None
 
 
-# Detection priority. The innermost launcher wins: the one that started this very process, which sets per-process
-# rank variables no outer launcher sets. Lightning's own classes keep their relative order (TorchElastic, SLURM,
-# LSF, MPI, Lightning); ours go between LSF's place and SLURM's:
+LAUNCHER_ENVIRONMENTS: tuple[type[LauncherEnvironment], ...] = (
+    FluxEnvironment, PALSEnvironment, OpenMPIEnvironment, MVAPICH2Environment, HydraEnvironment,
+)
+
+# Lightning's own detection (``_AcceleratorConnector._choose_and_init_cluster_environment``) tries TorchElastic,
+# SLURM, LSF, then MPIEnvironment, whose detect() initialises MPI; nothing here ever calls that one.
+LIGHTNING_DETECTION_ORDER: tuple[type[ClusterEnvironment], ...] = (
+    TorchElasticEnvironment, SLURMEnvironment, LSFEnvironment,
+)
+
+# The built-in detection priority. The innermost launcher wins: the one that started this very process, which sets
+# per-process rank variables no outer launcher sets. Lightning's TorchElastic comes first as in Lightning; ours go
+# before SLURM; and LSF moves from after SLURM (Lightning's place) to before ours:
 #
 # * TorchElastic first, as in Lightning: torchrun is always the innermost launcher when its variables are set.
-# * LSF (jsrun) before ours: jsrun's Spectrum MPI also sets OMPI_COMM_WORLD_*, and LSFEnvironment knows the main
-#   address. jsrun never runs inside SLURM, so keeping it above SLURM changes nothing Lightning would decide.
+# * LSF (jsrun) before OpenMPI: jsrun's Spectrum MPI also sets OMPI_COMM_WORLD_*, and LSFEnvironment knows the
+#   main address. OpenMPI must in turn come before SLURM (below), so LSF cannot keep Lightning's place after SLURM.
+#   The two disagree only for a process that has both LSF's per-process JSM_NAMESPACE_* and SLURM's variables,
+#   i.e. a jsrun task that inherited SLURM_* from outside (jsrun exists only inside LSF jobs, and the schedulers do
+#   not nest). jsrun's variables are then the innermost, and the Trainer takes LSFEnvironment, where Lightning
+#   alone would take SLURMEnvironment. In every other case the choice among Lightning's classes is Lightning's.
 # * Flux before Hydra: Flux sets PMI_RANK/PMI_SIZE too. PALS before Hydra: PALS sets PMI_SIZE.
 # * ours before SLURM: an mpirun/flux/PALS inside an sbatch allocation inherits SLURM_* from the batch step
 #   (or from the srun that started its daemons), where SLURM_PROCID is not this process's rank. Each of ours
 #   requires a variable srun never sets (OMPI_COMM_WORLD_*, MPI_LOCALRANKID, MV2_*, FLUX_TASK_RANK, PBS_JOBID),
 #   so a process srun started, an OpenMPI program with PMIX_* from srun --mpi=pmix included, stays SLURM's.
-# * Lightning's MPIEnvironment last of all: its detect() initialises MPI.
+# * Lightning's MPIEnvironment is left out: its detect() initialises MPI. When nothing here detects, Lightning's
+#   own detection runs as usual and may still choose it.
 DETECTION_ORDER: tuple[type[ClusterEnvironment], ...] = (
     TorchElasticEnvironment,
     LSFEnvironment,
-    FluxEnvironment,
-    PALSEnvironment,
-    OpenMPIEnvironment,
-    MVAPICH2Environment,
-    HydraEnvironment,
+    *LAUNCHER_ENVIRONMENTS,
     SLURMEnvironment,
 )
 
-SCHEDULER_ENVIRONMENTS: tuple[type[SchedulerEnvironment], ...] = tuple(
-    environment for environment in DETECTION_ORDER if issubclass(environment, SchedulerEnvironment)
-)
+_detection_order: list[type[ClusterEnvironment]] = list(DETECTION_ORDER)
+
+
+def register_cluster_environment(
+    environment: type[ClusterEnvironment],
+    *,
+    before: type[ClusterEnvironment] = LSFEnvironment,
+    replace: bool = False,
+) -> None:
+    """Make :func:`detect_cluster_environment`, and so ``lightning_dist_hooks.Trainer``, detect ``environment``.
+
+    It is tried just before ``before``: by default right after TorchElastic (torchrun is the innermost launcher
+    whenever its variables are set) and ahead of every scheduler, whose variables an outer allocation can leave in
+    the environment. Its ``detect()`` must therefore require a variable that only its own launcher sets in each
+    process. Environments registered later with the same ``before`` go after earlier ones.
+
+    An environment whose class name is already in the order (``OpenMPIEnvironment``, or one registered before) is
+    refused with ``ValueError``; ``replace=True`` puts the new class in the old one's place instead, keeping its
+    priority, e.g. a site-specific subclass of ``SLURMEnvironment``::
+
+        register_cluster_environment(SiteLauncherEnvironment)
+        register_cluster_environment(MySLURMEnvironment, replace=True)  # if named "SLURMEnvironment"
+    """
+    if not (isinstance(environment, type) and issubclass(environment, ClusterEnvironment)):
+        raise TypeError(f"register_cluster_environment needs a ClusterEnvironment subclass, got {environment!r}.")
+    names = [known.__name__ for known in _detection_order]
+    if environment.__name__ in names:
+        if not replace:
+            raise ValueError(
+                f"{environment.__name__} is already in the detection order (position "
+                f"{names.index(environment.__name__)} of {names}). Pass replace=True to put {environment!r} in its "
+                "place, or give your class another name."
+            )
+        _detection_order[names.index(environment.__name__)] = environment
+        return
+    if before.__name__ not in names:  # by name, like the check above: a replaced class keeps its place
+        raise ValueError(f"before={before!r} is not in the detection order {names}.")
+    _detection_order.insert(names.index(before.__name__), environment)
+
+
+def detection_order() -> tuple[type[ClusterEnvironment], ...]:
+    """The classes :func:`detect_cluster_environment` tries, in order: ``DETECTION_ORDER`` plus registrations."""
+    return tuple(_detection_order)
 
 
 def detect_cluster_environment() -> Optional[type[ClusterEnvironment]]:
-    """The first class of ``DETECTION_ORDER`` that detects this process's launcher, or None.
+    """The first class of :func:`detection_order` that detects this process's launcher, or None.
 
     Lightning's ``SLURMEnvironment.detect()`` may warn that ``srun`` is available but unused; nothing here
     initialises MPI or talks to another process.
     """
-    for environment in DETECTION_ORDER:
+    for environment in _detection_order:
         if environment.detect():
             return environment
     return None
+
+
+def lightning_would_choose(environment: type[ClusterEnvironment]) -> bool:
+    """Whether Lightning's own detection, left alone, would pick ``environment`` too (so nothing need be added)."""
+    return next((known for known in LIGHTNING_DETECTION_ORDER if known.detect()), None) is environment
+
+
+def __getattr__(name: str) -> object:
+    # Deprecated names: MPI launchers are not schedulers.
+    renamed = {"SchedulerEnvironment": "LauncherEnvironment", "SCHEDULER_ENVIRONMENTS": "LAUNCHER_ENVIRONMENTS"}
+    if name in renamed:
+        warnings.warn(f"lightning_dist_hooks.environments.{name} is deprecated; use {renamed[name]}.",
+                      DeprecationWarning, stacklevel=2)
+        return globals()[renamed[name]]
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -20,7 +20,7 @@ from lightning_fabric.plugins.environments import (
     TorchElasticEnvironment,
 )
 
-from lightning_dist_hooks.environments import SchedulerEnvironment, identity_from
+from lightning_dist_hooks.environments import LauncherEnvironment, identity_from
 from lightning_dist_hooks.init_methods import rendezvous_file_for_job
 
 # Set by the process that runs Lightning's own launcher (``ddp``), inherited by the children it starts
@@ -46,7 +46,7 @@ def job_identity(environment: ClusterEnvironment) -> Optional[str]:
 
     For example ``'SLURM_JOB_ID=42,SLURM_STEP_ID=0'`` in the first step of SLURM job 42.
     """
-    if isinstance(environment, SchedulerEnvironment):
+    if isinstance(environment, LauncherEnvironment):
         return environment.job_identity()
     if isinstance(environment, LightningEnvironment):
         return _lightning_launch_token(environment)

@@ -12,7 +12,7 @@ from pytorch_lightning.accelerators import CUDAAccelerator
 from pytorch_lightning.utilities.rank_zero import rank_zero_warn
 
 from lightning_dist_hooks.config import ProcessGroupConfig
-from lightning_dist_hooks.environments import SchedulerEnvironment, detect_cluster_environment
+from lightning_dist_hooks.environments import detect_cluster_environment, lightning_would_choose
 from lightning_dist_hooks.init_methods import is_rendezvous_directory
 from lightning_dist_hooks.job_identity import resolve_rendezvous_directory
 from lightning_dist_hooks.sampling import install_sampler_hook
@@ -40,7 +40,7 @@ class DistributedHooksTrainerMixin:
             environment.
 
     Unless ``plugins`` or the strategy already hold a ``ClusterEnvironment``, the environment of the launcher that
-    started this process (``lightning_dist_hooks.environments.DETECTION_ORDER``) is added to ``plugins``.
+    started this process (``lightning_dist_hooks.environments.detection_order()``) is added to ``plugins``.
 
     Both are checked here, before any process starts; a bad value raises ``ValueError`` naming it and the fix.
     All other arguments are the parent Trainer's, unchanged.
@@ -94,10 +94,10 @@ class DistributedHooksTrainerMixin:
 
 
 def _with_detected_cluster_environment(kwargs: dict[str, Any]) -> dict[str, Any]:
-    """``kwargs`` with the detected scheduler environment added to ``plugins``, unless the user chose one.
+    """``kwargs`` with the detected cluster environment added to ``plugins``, unless the user chose one.
 
-    The public route: Lightning takes a ``ClusterEnvironment`` from ``plugins`` before its own detection. Only
-    environments of this package are added; when one of Lightning's detects first, Lightning's own choice stands.
+    The public route: Lightning takes a ``ClusterEnvironment`` from ``plugins`` before its own detection. Nothing
+    is added where Lightning's own detection picks the same class, so Lightning's choice stays bit for bit its own.
     """
     plugins = kwargs.get("plugins")
     plugin_list = [] if plugins is None else list(plugins) if isinstance(plugins, (list, tuple)) else [plugins]
@@ -106,7 +106,7 @@ def _with_detected_cluster_environment(kwargs: dict[str, Any]) -> dict[str, Any]
         getattr(strategy, "cluster_environment", None) is not None
     )
     detected = None if chosen_already else detect_cluster_environment()
-    if detected is None or not issubclass(detected, SchedulerEnvironment):
+    if detected is None or lightning_would_choose(detected):
         return kwargs
     return {**kwargs, "plugins": [*plugin_list, detected()]}
 

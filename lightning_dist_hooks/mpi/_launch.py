@@ -6,12 +6,7 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-# (rank, world size, local rank, local world size) variables, per launcher family. Local values are optional.
-_LAUNCHER_VARIABLES = (
-    ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE"),
-    ("PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID", "MPI_LOCALNRANKS"),  # MPICH / Intel MPI (Hydra), srun --mpi=pmi2
-    ("MV2_COMM_WORLD_RANK", "MV2_COMM_WORLD_SIZE", "MV2_COMM_WORLD_LOCAL_RANK", "MV2_COMM_WORLD_LOCAL_SIZE"),
-)
+from ..launcher_variables import MPI_LAUNCHERS
 
 
 @dataclass(frozen=True)
@@ -36,13 +31,16 @@ def detect_mpi_launch(environ: Mapping[str, str] | None = None) -> MpiLaunch | N
             os.environ.setdefault("LOCAL_RANK", str(launch.local_rank))
     """
     env = os.environ if environ is None else environ
-    for rank_var, size_var, local_rank_var, local_size_var in _LAUNCHER_VARIABLES:
-        if rank_var in env and size_var in env:
+    # Rank and size suffice: unlike environments.HydraEnvironment, this does not need to tell a process srun
+    # started (PMI_RANK/PMI_SIZE without MPI_LOCALRANKID) from Hydra's, since MPI numbers both alike.
+    for launcher in MPI_LAUNCHERS:
+        if launcher.rank in env and launcher.world_size in env:
+            local_size = env.get(launcher.local_size, 1) if launcher.local_size else 1
             return MpiLaunch(
-                rank=int(env[rank_var]),
-                world_size=int(env[size_var]),
-                local_rank=int(env.get(local_rank_var, 0)),
-                local_world_size=int(env.get(local_size_var, 1)),
+                rank=int(env[launcher.rank]),
+                world_size=int(env[launcher.world_size]),
+                local_rank=int(env.get(launcher.local_rank, 0)),
+                local_world_size=int(local_size),
             )
     return None
 

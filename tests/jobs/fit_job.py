@@ -21,7 +21,7 @@ from torch.utils.data import DataLoader, Dataset, Sampler
 
 import lightning_dist_hooks
 from sockets import listening_tcp_ports
-from lightning_dist_hooks.environments import SCHEDULER_ENVIRONMENTS
+from lightning_dist_hooks.environments import LAUNCHER_ENVIRONMENTS
 
 DATASET_SIZE = 24
 
@@ -215,7 +215,7 @@ class SuperSamplerHook:
         return super().configure_sampler(dataloader, stage)
 
 
-ENVIRONMENTS = {environment.__name__: environment for environment in SCHEDULER_ENVIRONMENTS}
+ENVIRONMENTS = {environment.__name__: environment for environment in LAUNCHER_ENVIRONMENTS}
 SETUP_HOOKS = {"none": None, "record": RecordingSetupHook, "hand-store": HandBuiltStoreSetupHook,
                "no-group": NoGroupSetupHook, "wrong-world": WrongWorldSetupHook, "raise": RaisingSetupHook}
 SAMPLER_HOOKS = {"none": None, "custom": CustomSamplerHook, "keep": KeepLoaderSamplerHook, "super": SuperSamplerHook,
