@@ -59,6 +59,7 @@ def init_groups(comm) -> dist.ProcessGroup:
     dist.init_process_group(
         "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=comm.Get_rank(), world_size=comm.Get_size()
     )
+    mpi.register()
     return dist.new_group(backend=mpi.BACKEND_NAME)
 
 

@@ -7,6 +7,7 @@ A wrong backend name otherwise surfaces minutes later, inside every rank, as a C
 from __future__ import annotations
 
 import logging
+from typing import Optional
 
 import torch
 import torch.distributed as dist
@@ -48,9 +49,21 @@ def normalize_backend(backend: str) -> str:
     name = backend.strip().lower()
     if name in MPI_BACKENDS:
         return _mpi_backend(backend, name)
+    register_if_mpi4py(name)  # e.g. "cpu:mpi4py": torch must know the name before it is checked
     for part in name.split(","):
         _check_single_backend(backend, part.split(":")[-1].strip())
     return name
+
+
+def register_if_mpi4py(backend: Optional[str]) -> None:
+    """Register the mpi4py transport with torch in this process if ``backend`` (plain or composite) uses it.
+
+    Importing this package registers nothing with torch; the transport is registered when it is first asked for:
+    here, when the Trainer checks ``torch_dist_backend`` and on every rank before its process group is created
+    (a ``ddp_spawn`` child, or a strategy given ``process_group_backend="mpi4py"`` directly, never checks a flag).
+    """
+    if backend is not None and mpi.BACKEND_NAME in (part.split(":")[-1].strip() for part in backend.split(",")):
+        mpi.register()
 
 
 def _mpi_backend(given: str, name: str) -> str:

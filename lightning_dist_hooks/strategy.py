@@ -15,7 +15,7 @@ import torch.distributed
 from pytorch_lightning.strategies import DDPStrategy, FSDPStrategy, ModelParallelStrategy, Strategy
 
 from lightning_dist_hooks import _lightning_internals
-from lightning_dist_hooks.backends import check_backend_fits_devices
+from lightning_dist_hooks.backends import check_backend_fits_devices, register_if_mpi4py
 from lightning_dist_hooks.config import ProcessGroupConfig
 from lightning_dist_hooks.hooks import user_hook
 from lightning_dist_hooks.process_group import create_process_group
@@ -28,6 +28,7 @@ PROCESS_GROUP_STRATEGIES = (DDPStrategy, FSDPStrategy, ModelParallelStrategy)
 def _setup_environment(self: Any) -> None:
     """``setup_environment`` of a hooked strategy: our process group first, then the strategy's own setup."""
     config: ProcessGroupConfig = self._process_group_config
+    register_if_mpi4py(_lightning_internals.requested_process_group_backend(self))
     takes_over = not config.is_default or user_hook(self.lightning_module, "setup_distributed_backend") is not None
     if takes_over and not torch.distributed.is_initialized():
         self.set_world_ranks()

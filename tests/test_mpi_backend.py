@@ -94,13 +94,14 @@ def run_mpi(script: Path, *args: str) -> subprocess.CompletedProcess[str]:
 # --- without MPI ----------------------------------------------------------------------------------------------
 
 
-def test_import_registers_backend_and_init_method_without_starting_mpi() -> None:
+def test_register_adds_backend_and_init_method_without_starting_mpi_and_import_adds_nothing() -> None:
     code = """
 import sys
 import _setup  # imports lightning_dist_hooks.mpi alone
 import torch.distributed as dist
 from torch.distributed.rendezvous import _rendezvous_handlers
 from lightning_dist_hooks import mpi
+print("mpi4py" in dist.Backend.backend_list, "mpi" in _rendezvous_handlers)
 mpi.register()
 mpi.register()
 print(repr(dist.Backend("mpi4py")), "mpi4py" in dist.Backend.backend_list, "mpi" in _rendezvous_handlers,
@@ -110,7 +111,7 @@ print(repr(dist.Backend("mpi4py")), "mpi4py" in dist.Backend.backend_list, "mpi"
         [sys.executable, "-c", code], cwd=SCRIPTS, env=_job_environment(), capture_output=True, text=True, timeout=120
     )
     assert completed.returncode == 0, completed.stderr
-    assert completed.stdout.split() == ["'mpi4py'", "True", "True", "mpi://", "mpi4py", "False"]
+    assert completed.stdout.split() == ["False", "False", "'mpi4py'", "True", "True", "mpi://", "mpi4py", "False"]
 
 
 def test_missing_mpi4py_names_the_install_command(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -1,13 +1,19 @@
 """MPI transport for ``torch.distributed`` on stock (PyPI) torch, which ships without native MPI support.
 
-Importing this module registers the ``"mpi4py"`` backend and the ``mpi://`` init method with torch. It neither
-imports mpi4py nor initialises MPI: that happens when a process group is created. Under ``mpirun -n N``::
+It adds the ``"mpi4py"`` backend and the ``mpi://`` init method to torch. Importing it changes nothing in torch:
+they are registered when first asked for, by :func:`register`, :func:`mpi_init_method` or :func:`backend_for_mpi`
+(and by ``lightning_dist_hooks.Trainer`` when ``torch_dist_backend`` names MPI). It neither imports mpi4py nor
+initialises MPI: that happens when a process group is created. Under ``mpirun -n N``::
 
     import torch.distributed as dist
     from lightning_dist_hooks import mpi
 
+    mpi.register()
     dist.init_process_group(backend=mpi.BACKEND_NAME, init_method=mpi.mpi_init_method())
     model = torch.nn.parallel.DistributedDataParallel(model)
+
+Call :func:`register` before naming the backend anywhere else too, e.g. ``dist.new_group(backend="mpi4py")`` or
+``pytorch_lightning.Trainer(strategy=DDPStrategy(process_group_backend="mpi4py"))``.
 
 Collectives run on an MPI communicator (CPU tensors only) and no TCP port is opened. An operation that does not
 complete within the process group's ``timeout`` ends the job with ``MPI_Abort`` and a message on stderr.
@@ -46,7 +52,9 @@ _registered = False
 def register() -> None:
     """Register the ``"mpi4py"`` backend and the ``mpi://`` rendezvous with torch (idempotent, MPI untouched).
 
-    Importing this module already calls it; call it again after anything that resets torch's registries.
+    Not done at import: a library import should not change torch's process-wide registries (torch refuses a
+    second handler for a scheme, so two packages both registering ``mpi://`` at import could not be imported
+    together). Call it once before the backend name or ``mpi://`` is used.
     """
     global _registered
     with _registration_lock:
@@ -65,9 +73,11 @@ def is_available() -> bool:
 def mpi_init_method() -> str:
     """Return the ``init_method`` URL (``"mpi://"``) that creates no TCP store and takes rank/size from MPI.
 
-    Pass it to ``init_process_group`` with backend ``"mpi4py"`` (or torch's native ``"mpi"``). It yields a
-    process-local store, so backends that rendezvous through the store (gloo, nccl) cannot use it.
+    Pass it to ``init_process_group`` with backend ``"mpi4py"`` (or torch's native ``"mpi"``); both are
+    registered on the way. It yields a process-local store, so backends that rendezvous through the store
+    (gloo, nccl) cannot use it.
     """
+    register()
     return INIT_METHOD
 
 
@@ -83,5 +93,3 @@ def backend_for_mpi() -> str:
     register()
     return BACKEND_NAME
 
-
-register()

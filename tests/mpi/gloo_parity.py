@@ -14,7 +14,7 @@ from torch.distributed import ReduceOp
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import FullyShardedDataParallel, fully_shard
 
-from _setup import init_from_mpi_launch
+from _setup import init_from_mpi_launch, mpi
 
 ELEMENTS = 4096
 FLOAT_OPS = (ReduceOp.SUM, ReduceOp.PRODUCT, ReduceOp.MIN, ReduceOp.MAX, ReduceOp.AVG)
@@ -71,6 +71,7 @@ def train_fsdp(version: int, group: dist.ProcessGroup) -> list[torch.Tensor]:
 def compare_with_gloo() -> bool:
     """Return whether every compared result is bitwise equal; needs no process group initialised yet."""
     rank, world = init_from_mpi_launch("gloo")
+    mpi.register()  # the transport is registered when first asked for, not at import
     ours = dist.new_group(backend="mpi4py")
     generator = torch.Generator().manual_seed(1000 + rank)
     compared: list[str] = []

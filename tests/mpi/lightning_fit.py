@@ -62,6 +62,7 @@ class Regression(pl.LightningModule):
 def main() -> None:
     out_dir = Path(sys.argv[1])
     out_dir.mkdir(parents=True, exist_ok=True)
+    mpi.register()  # pl.Trainer names the backend, so torch must know it first
     trainer = pl.Trainer(
         accelerator="cpu",
         devices=2,
