@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import random
 import signal
@@ -12,20 +13,30 @@ import sys
 import time
 from contextlib import ExitStack
 from pathlib import Path
+from types import ModuleType
 from typing import Callable, Optional
 
 REPO = Path(__file__).resolve().parents[1]
 
-# Set by launchers (torchrun, srun, mpirun); inherited, they would make Lightning detect the wrong cluster.
-_LAUNCHER_PREFIXES = ("SLURM_", "OMPI_", "PMI_", "PMIX_", "TORCHELASTIC_", "FLUX_", "LSB_", "PBS_")
-_LAUNCHER_VARIABLES = {"MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK", "LOCAL_RANK", "NODE_RANK", "GROUP_RANK",
-                       "LOCAL_WORLD_SIZE"}
+
+def _launcher_variables() -> ModuleType:
+    """``lightning_dist_hooks.launcher_variables`` loaded alone: through the package it would import Lightning into
+    this harness, which forks the ranks it times (bootstrap.py) and would fork a heavier process than it measures."""
+    name = "_benchmarks_launcher_variables"
+    spec = importlib.util.spec_from_file_location(name, REPO / "lightning_dist_hooks" / "launcher_variables.py")
+    assert spec is not None and spec.loader is not None
+    module = sys.modules[name] = importlib.util.module_from_spec(spec)  # dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
+
+
+_without_launcher_variables = _launcher_variables().without_launcher_variables
 
 
 def job_environment(**overrides: str) -> dict[str, str]:
-    """Loopback only, this checkout importable, one torch thread per rank (2 ranks share the cores), no launcher."""
-    env = {key: value for key, value in os.environ.items()
-           if not key.startswith(_LAUNCHER_PREFIXES) and key not in _LAUNCHER_VARIABLES}
+    """Loopback only, this checkout importable, one torch thread per rank (2 ranks share the cores), no launcher
+    variables (inherited, they would make Lightning detect the wrong cluster)."""
+    env = _without_launcher_variables(os.environ)
     env.update(GLOO_SOCKET_IFNAME="lo", MASTER_ADDR="127.0.0.1", OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1",
                PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")])))
     env.update(overrides)

@@ -6,7 +6,7 @@ import json
 import subprocess
 import sys
 
-from conftest import REPO, job_environment
+from helpers import REPO, job_environment
 
 EXPECTED_VARIANTS = {"raw_ddp", "pytorch_lightning", "ours_default", "ours_file", "ours_hooks"}
 

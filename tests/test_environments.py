@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from lightning_fabric.plugins.environments import LightningEnvironment, SLURMEnvironment
 
-from conftest import job_environment, run_ranks
+from helpers import Rank, job_environment, run_ranks
 from lightning_dist_hooks import (
     FluxEnvironment,
     HydraEnvironment,
@@ -146,27 +146,19 @@ def test_a_plugin_given_by_the_user_is_kept(launcher_env):
     assert type(trainer.strategy.cluster_environment) is LightningEnvironment
 
 
-class _Rank:
-    def __init__(self, rank: int) -> None:
-        self.rank = rank
-
-    def global_rank(self) -> int:
-        return self.rank
-
-
 def test_a_leftover_file_with_its_claim_stops_the_rerun_with_the_file_named(tmp_path):
     url = f"file://{tmp_path}/ldh-rendezvous-job"
-    first = FileInitMethod().prepare(url, _Rank(1))  # an earlier run, killed: nothing removed
+    first = FileInitMethod().prepare(url, Rank(1))  # an earlier run, killed: nothing removed
     assert first.claim == tmp_path / "ldh-rendezvous-job.rank1.claim" and oct(first.claim.stat().st_mode & 0o777) == "0o600"
     with pytest.raises(RuntimeError, match=rf"rank 1 found {first.claim} and {first.file} left by an earlier run"):
-        FileInitMethod().prepare(url, _Rank(1))
+        FileInitMethod().prepare(url, Rank(1))
     # A peer of the same launch (another rank) is never mistaken for a leftover.
-    assert FileInitMethod().prepare(url, _Rank(0)).claim == tmp_path / "ldh-rendezvous-job.rank0.claim"
+    assert FileInitMethod().prepare(url, Rank(0)).claim == tmp_path / "ldh-rendezvous-job.rank0.claim"
 
 
 def test_a_leftover_claim_without_its_file_is_taken_over(tmp_path):
     (tmp_path / "ldh-rendezvous-job.rank0.claim").touch()
-    rendezvous = FileInitMethod().prepare(f"file://{tmp_path}/ldh-rendezvous-job", _Rank(0))
+    rendezvous = FileInitMethod().prepare(f"file://{tmp_path}/ldh-rendezvous-job", Rank(0))
     assert rendezvous.file.exists() and rendezvous.claim.exists()
 
 
@@ -181,13 +173,6 @@ def _assert_emulated_fit(result, environment: str, rendezvous_dir: Path, identit
     result.same_on_all_ranks("weights_sha256")
     result.same_on_all_ranks("store")
     assert list(rendezvous_dir.iterdir()) == []
-
-
-@pytest.fixture
-def rendezvous_dir(tmp_path: Path) -> Path:
-    directory = tmp_path / "rendezvous"
-    directory.mkdir()
-    return directory
 
 
 def _run_emulated(per_rank, tmp_path, rendezvous_dir, *extra_flags: str):

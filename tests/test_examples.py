@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 import sys
 
-from conftest import REPO, job_environment, run_command
+from helpers import REPO, job_environment, run_command
 
 
 def run_example(name: str, tmp_path, *args: str):

@@ -12,14 +12,12 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 import sys
 import time
 from pathlib import Path
 
 import pytest
-from conftest import FIT_JOB, JobResult, job_environment, run_command
-from test_launchers import OPENMPI_RUN, slurm_environment
+from helpers import FIT_JOB, OPENMPI_MPIRUN, JobResult, Rank, job_environment, openmpi_run, run_command, slurm_environment
 
 from lightning_dist_hooks.init_methods import FileInitMethod
 from lightning_dist_hooks.janitor import Janitor
@@ -63,13 +61,6 @@ def processes_mentioning(text: str) -> dict[int, str]:
     return found
 
 
-@pytest.fixture
-def rendezvous_dir(tmp_path: Path) -> Path:
-    directory = tmp_path / "rendezvous"
-    directory.mkdir()
-    return directory
-
-
 @pytest.mark.parametrize("kind", ["file", "tcp", "env"])
 def test_a_rank_that_never_arrives_times_out_naming_the_missing_rank(run_job, tmp_path, rendezvous_dir, free_port,
                                                                       kind):
@@ -88,7 +79,7 @@ LAUNCHERS = {
     "lightning": lambda command: command,
     "torchrun": lambda command: [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
                                  *command[1:]],
-    "openmpi": lambda command: [*OPENMPI_RUN, *command],
+    "openmpi": lambda command: [*openmpi_run(), *command],
     # srun leaves the other tasks running when one fails unless told otherwise.
     "srun": lambda command: ["srun", "-N1", "--ntasks-per-node=2", "-J", "ldhfault", "--kill-on-bad-exit=1", *command],
 }
@@ -107,7 +98,7 @@ DEATH_REPORTS = {
 
 @pytest.mark.parametrize("launcher", sorted(LAUNCHERS))
 def test_a_rank_that_dies_mid_fit_ends_the_job_and_leaves_nothing(request, tmp_path, rendezvous_dir, launcher):
-    if launcher == "openmpi" and shutil.which("mpirun.openmpi") is None:
+    if launcher == "openmpi" and OPENMPI_MPIRUN is None:
         pytest.skip("OpenMPI's mpirun is not installed (.ci/install)")
     env = job_environment()
     if launcher == "srun":
@@ -148,7 +139,7 @@ def test_a_stale_rendezvous_file_at_an_explicit_path_stops_the_next_run_naming_i
     # What a run killed together with its janitors (a crashed node) leaves: the file and every rank's claim.
     path = rendezvous_dir / "rendezvous"
     for rank in (0, 1):
-        FileInitMethod().prepare(f"file://{path}", _Rank(rank))
+        FileInitMethod().prepare(f"file://{path}", Rank(rank))
     stale = sorted(rendezvous_dir.iterdir())
     result, elapsed = timed(run_job, *SHORT_FLAGS, "--init-method", f"file://{path}")
     assert result.returncode != 0
@@ -158,14 +149,6 @@ def test_a_stale_rendezvous_file_at_an_explicit_path_stops_the_next_run_naming_i
     assert elapsed < TIMEOUT_S + STARTUP_S
     assert sorted(rendezvous_dir.iterdir()) == stale, "another run's files are never deleted automatically"
     wait_until_gone(tmp_path)
-
-
-class _Rank:
-    def __init__(self, rank: int) -> None:
-        self.rank = rank
-
-    def global_rank(self) -> int:
-        return self.rank
 
 
 def test_the_janitor_removes_the_files_when_its_rank_ends_without_cleaning_up(tmp_path):

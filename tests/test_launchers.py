@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import FIT_JOB, JobResult, job_environment, run_command
+from helpers import FIT_JOB, JobResult, needs_openmpi, openmpi_run, run_command, slurm_environment
 
 LAUNCH_TIMEOUT = 150
 FIT_FLAGS = ["--backend", "gloo", "--setup-hook", "record", "--sampler-hook", "super", "--epochs", "1"]
@@ -38,13 +38,6 @@ def assert_two_rank_fit(result: JobResult, environment: str, init_method: str, r
     result.same_on_all_ranks("weights_sha256")
     assert {record["setup_calls"][0]["init_method"] for record in result.ranks.values()} == {call["init_method"]}
     assert list(rendezvous_dir.iterdir()) == [], "the rendezvous directory must be empty after a clean run"
-
-
-@pytest.fixture
-def rendezvous_dir(tmp_path: Path) -> Path:
-    directory = tmp_path / "rendezvous"
-    directory.mkdir()
-    return directory
 
 
 def init_method_url(kind: str, rendezvous_dir: Path, port: int) -> str:
@@ -75,16 +68,12 @@ def test_torchrun(tmp_path, rendezvous_dir, free_port, kind):
     assert_two_rank_fit(result, "TorchElasticEnvironment", init_method, rendezvous_dir)
 
 
-OPENMPI_RUN = ["mpirun.openmpi", "-n", "2", "--allow-run-as-root", "--oversubscribe", "--mca", "oob_tcp_if_include",
-               "lo", "--mca", "btl", "self,vader", "-x", "GLOO_SOCKET_IFNAME=lo", "-x", "PYTHONPATH"]
-
-
-@pytest.mark.skipif(shutil.which("mpirun.openmpi") is None, reason="OpenMPI's mpirun is not installed (.ci/install)")
+@needs_openmpi
 @pytest.mark.parametrize("kind", ["env", "tcp", "file-dir"])
 def test_openmpi_mpirun(tmp_path, rendezvous_dir, free_port, kind):
     # env://: no MASTER_ADDR/MASTER_PORT given; the address (one node) and the port (from PMIX_NAMESPACE) are derived.
     init_method = init_method_url(kind, rendezvous_dir, free_port)
-    command = ["timeout", str(LAUNCH_TIMEOUT), *OPENMPI_RUN, *fit_command(tmp_path / "out", init_method)]
+    command = ["timeout", str(LAUNCH_TIMEOUT), *openmpi_run(), *fit_command(tmp_path / "out", init_method)]
     result = run_command(command, cwd=tmp_path, out_dir=tmp_path / "out", timeout=LAUNCH_TIMEOUT + 30)
     assert_two_rank_fit(result, "OpenMPIEnvironment", init_method, rendezvous_dir)
 
@@ -100,11 +89,6 @@ def test_mpich_mpirun(tmp_path, rendezvous_dir, free_port, kind):
                *extra[kind], *fit_command(tmp_path / "out", init_method)]
     result = run_command(command, cwd=tmp_path, out_dir=tmp_path / "out", timeout=LAUNCH_TIMEOUT + 30)
     assert_two_rank_fit(result, "HydraEnvironment", init_method, rendezvous_dir)
-
-
-def slurm_environment() -> dict[str, str]:
-    # Loopback only: Lightning's SLURMEnvironment takes MASTER_ADDR over the node name (needed by env:// only).
-    return job_environment(MASTER_ADDR="127.0.0.1")
 
 
 @pytest.mark.parametrize("kind", ["env", "tcp", "file-dir"])

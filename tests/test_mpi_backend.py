@@ -6,10 +6,7 @@ The job scripts live in tests/mpi/. Jobs need Open MPI's mpirun and mpi4py and a
 from __future__ import annotations
 
 import json
-import os
 import re
-import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -18,62 +15,25 @@ from pathlib import Path
 import pytest
 import torch
 
+from helpers import REPO, free_port, job_environment, needs_mpi, openmpi_run
 from jobs.sockets import listening_tcp_ports
 from lightning_dist_hooks import mpi
 
-REPO = Path(__file__).resolve().parents[1]
 SCRIPTS = REPO / "tests" / "mpi"
 JOB_TIMEOUT_S = 240  # start-up alone (importing torch and Lightning twice on 2 cores) can take 30 s
 WATCHDOG_TIMEOUT_S = 5
 # Time from rank 0 entering the skipped collective to mpirun's exit: the timeout, at most one watchdog period,
 # and MPI_Abort tearing the job down.
 WATCHDOG_MARGIN_S = 15
-MPIRUN_LOOPBACK_ONLY = ["--oversubscribe", "--mca", "oob_tcp_if_include", "lo", "--mca", "btl", "self,vader"]
-_LAUNCHER_PREFIXES = ("OMPI_", "PMI_", "PMIX_", "MV2_", "SLURM_")
-_TORCH_RENDEZVOUS_VARIABLES = {"MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK"}
-
-
-def _open_mpi_mpirun() -> str | None:
-    mpirun = shutil.which("mpirun")
-    if mpirun is None:
-        return None
-    version = subprocess.run([mpirun, "--version"], capture_output=True, text=True, timeout=30).stdout
-    return mpirun if "Open MPI" in version else None
-
-
-MPIRUN = _open_mpi_mpirun()
-needs_mpi = pytest.mark.skipif(
-    MPIRUN is None or not mpi.is_available(),
-    reason="needs Open MPI's mpirun (apt-get install openmpi-bin libopenmpi-dev) and mpi4py (pip install mpi4py)",
-)
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 def _job_environment() -> dict[str, str]:
-    """This environment minus any outer launcher's variables, loopback only, this checkout importable."""
-    env = {
-        key: value
-        for key, value in os.environ.items()
-        if not key.startswith(_LAUNCHER_PREFIXES) and key not in _TORCH_RENDEZVOUS_VARIABLES
-    }
-    env.update(
-        PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")])),
-        PYTHONUNBUFFERED="1",
-        GLOO_SOCKET_IFNAME="lo",
-        MPI_TEST_PORT=str(_free_port()),
-    )
-    return env
+    """No outer launcher's variables, loopback only, this checkout importable, a port for gloo's TCP store."""
+    return job_environment(MPI_TEST_PORT=str(free_port()))
 
 
 def _mpirun_command(script: Path, *args: str, ranks: int = 2) -> list[str]:
-    assert MPIRUN is not None
-    root = ["--allow-run-as-root"] if os.geteuid() == 0 else []
-    mpirun = [MPIRUN, *root, *MPIRUN_LOOPBACK_ONLY, "-n", str(ranks), sys.executable, str(script), *args]
+    mpirun = [*openmpi_run(ranks), sys.executable, str(script), *args]
     return ["timeout", "-k", "10", str(JOB_TIMEOUT_S), *mpirun]  # mpirun kills the ranks when it is killed
 
 

@@ -2,25 +2,17 @@
 
 from __future__ import annotations
 
-import shutil
 import sys
 
 import pytest
 
-from conftest import FIT_JOB, run_command
-from test_launchers import OPENMPI_RUN
+from helpers import FIT_JOB, needs_mpi, openmpi_run, run_command
 from lightning_dist_hooks import Trainer, mpi
-
-
-needs_mpi = pytest.mark.skipif(
-    shutil.which("mpirun.openmpi") is None or not mpi.is_available(),
-    reason="needs OpenMPI's mpirun and mpi4py (.ci/install)",
-)
 
 
 def fit_under_mpirun(tmp_path, name: str, *flags: str):
     out_dir = tmp_path / name
-    command = ["timeout", "150", *OPENMPI_RUN, sys.executable, str(FIT_JOB), "--out", str(out_dir), "--epochs", "2", *flags]
+    command = ["timeout", "150", *openmpi_run(), sys.executable, str(FIT_JOB), "--out", str(out_dir), "--epochs", "2", *flags]
     return run_command(command, cwd=tmp_path, out_dir=out_dir, timeout=180).assert_ok()
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from conftest import job_environment
+from helpers import job_environment
 
 
 def test_file_rendezvous_uses_the_file_privately_needs_no_master_port_and_removes_it(run_job, tmp_path, busy_port):

@@ -1,0 +1,142 @@
+"""What the tests share, other than fixtures (those are in conftest.py): starting real jobs in a clean environment,
+reading what each rank recorded, the launcher commands, and skip markers for what this machine lacks."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Optional
+
+import pytest
+
+from lightning_dist_hooks import mpi
+from lightning_dist_hooks.launcher_variables import without_launcher_variables
+
+REPO = Path(__file__).resolve().parents[1]
+FIT_JOB = REPO / "tests" / "jobs" / "fit_job.py"
+
+
+def job_environment(**overrides: str) -> dict[str, str]:
+    """A clean environment for a job: loopback only, this checkout importable, no launcher variables (a
+    surrounding srun shell, torchrun or mpirun would otherwise make Lightning detect the wrong cluster)."""
+    env = without_launcher_variables(os.environ)
+    env["GLOO_SOCKET_IFNAME"] = "lo"
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
+    env["PYTHONUNBUFFERED"] = "1"
+    env.update(overrides)
+    return env
+
+
+def slurm_environment() -> dict[str, str]:
+    """``job_environment`` for srun/sbatch. Loopback only: Lightning's SLURMEnvironment takes MASTER_ADDR over the
+    node name (needed by env:// only)."""
+    return job_environment(MASTER_ADDR="127.0.0.1")
+
+
+def free_port() -> int:
+    """A loopback port that was free a moment ago."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+@dataclass
+class JobResult:
+    returncode: int
+    output: str
+    out_dir: Path
+    ranks: dict[int, dict] = field(default_factory=dict)
+
+    def assert_ok(self) -> "JobResult":
+        assert self.returncode == 0, f"job failed with exit code {self.returncode}:\n{self.output[-6000:]}"
+        return self
+
+    def same_on_all_ranks(self, key: str):
+        values = {rank: record[key] for rank, record in self.ranks.items()}
+        assert len(set(map(json.dumps, values.values()))) == 1, f"{key} differs across ranks: {values}"
+        return next(iter(values.values()))
+
+
+def _rank_records(out_dir: Path) -> dict[int, dict]:
+    ranks = {}
+    for record in out_dir.glob("rank*.json") if out_dir.is_dir() else ():
+        data = json.loads(record.read_text())
+        ranks[data["rank"]] = data
+    return ranks
+
+
+def run_command(command: list[str], cwd: Path, out_dir: Path, timeout: float = 240, env: dict | None = None) -> JobResult:
+    """Run ``command`` to completion (killed after ``timeout`` s) and collect the rank records in ``out_dir``."""
+    try:
+        completed = subprocess.run(command, cwd=cwd, env=env or job_environment(), timeout=timeout,
+                                   stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, stdin=subprocess.DEVNULL)
+    except subprocess.TimeoutExpired as expired:
+        raise AssertionError(f"{command} did not finish in {timeout} s:\n{(expired.output or '')[-6000:]}") from None
+    return JobResult(completed.returncode, completed.stdout, out_dir, _rank_records(out_dir))
+
+
+def run_ranks(rank_environments: list[dict[str, str]], flags: list[str], out_dir: Path, cwd: Path,
+              timeout: float = 180) -> JobResult:
+    """Start tests/jobs/fit_job.py once per rank with that rank's environment, as an emulated launcher would."""
+    logs = [cwd / f"rank{rank}.log" for rank in range(len(rank_environments))]
+    processes = []
+    for environment, log in zip(rank_environments, logs):
+        with open(log, "w") as output:
+            processes.append(subprocess.Popen([sys.executable, str(FIT_JOB), "--out", str(out_dir), *flags], cwd=cwd,
+                                              env=environment, stdout=output, stderr=subprocess.STDOUT,
+                                              stdin=subprocess.DEVNULL))
+    try:
+        returncodes = [process.wait(timeout=timeout) for process in processes]
+    except subprocess.TimeoutExpired:
+        for process in processes:
+            process.kill()
+            process.wait(timeout=30)
+        raise AssertionError(f"the ranks did not finish in {timeout} s:\n" + _tails(logs)) from None
+    return JobResult(max(returncodes, key=abs), _tails(logs), out_dir, _rank_records(out_dir))
+
+
+def _tails(logs: list[Path]) -> str:
+    return "\n".join(f"===== {log.name}\n{log.read_text()[-4000:]}" for log in logs)
+
+
+class Rank:
+    """The one thing a rendezvous handler asks of its cluster environment: this process's global rank."""
+
+    def __init__(self, rank: int) -> None:
+        self.rank = rank
+
+    def global_rank(self) -> int:
+        return self.rank
+
+
+def _open_mpi_mpirun() -> Optional[str]:
+    """Open MPI's mpirun: Debian's ``mpirun.openmpi``, or an ``mpirun`` that says it is Open MPI."""
+    if shutil.which("mpirun.openmpi"):
+        return shutil.which("mpirun.openmpi")
+    mpirun = shutil.which("mpirun")
+    if mpirun is None:
+        return None
+    version = subprocess.run([mpirun, "--version"], capture_output=True, text=True, timeout=30).stdout
+    return mpirun if "Open MPI" in version else None
+
+
+OPENMPI_MPIRUN = _open_mpi_mpirun()
+needs_openmpi = pytest.mark.skipif(OPENMPI_MPIRUN is None, reason="OpenMPI's mpirun is not installed (.ci/install)")
+needs_mpi = pytest.mark.skipif(
+    OPENMPI_MPIRUN is None or not mpi.is_available(),
+    reason="needs Open MPI's mpirun (apt-get install openmpi-bin libopenmpi-dev) and mpi4py (pip install mpi4py)",
+)
+
+
+def openmpi_run(ranks: int = 2) -> list[str]:
+    """``mpirun -n RANKS`` kept on loopback (TCP out-of-band, shared memory between ranks), as root too."""
+    assert OPENMPI_MPIRUN is not None, "mark the test with needs_openmpi or needs_mpi"
+    root = ["--allow-run-as-root"] if os.geteuid() == 0 else []
+    return [OPENMPI_MPIRUN, "-n", str(ranks), *root, "--oversubscribe", "--mca", "oob_tcp_if_include", "lo",
+            "--mca", "btl", "self,vader", "-x", "GLOO_SOCKET_IFNAME=lo", "-x", "PYTHONPATH"]
