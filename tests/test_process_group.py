@@ -1,10 +1,106 @@
-"""The flags and ``setup_distributed_backend`` really create the process group, on 2 real ranks."""
+"""The flags and ``setup_distributed_backend`` really create the process group, on 2 real ranks; first, in this
+process, the checks that judge what the hook left and what torch's errors say."""
 
 from __future__ import annotations
 
-import pytest
+import re
+from datetime import timedelta
+from pathlib import Path
 
-from helpers import job_environment
+import pytest
+import torch.distributed as dist
+
+from helpers import Rank, job_environment
+from lightning_dist_hooks.init_methods import FileInitMethod, Rendezvous
+from lightning_dist_hooks.process_group import (
+    DistributedSetupError,
+    _is_rendezvous_timeout,
+    _missing_ranks,
+    check_default_group,
+)
+
+
+@pytest.fixture
+def default_group():
+    """``init()`` makes a one-rank gloo default group on an in-process HashStore; destroyed afterwards."""
+    def init(rank: int = 0, world_size: int = 1) -> None:
+        dist.init_process_group("gloo", store=dist.HashStore(), rank=rank, world_size=world_size)
+
+    yield init
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def test_check_default_group_accepts_the_group_the_trainer_expects(default_group):
+    default_group()
+    check_default_group(rank=0, world_size=1)
+
+
+def test_check_default_group_names_a_missing_group():
+    assert not dist.is_initialized()
+    with pytest.raises(DistributedSetupError, match=r"setup_distributed_backend returned on rank 3 without creating "
+                                                    r"the default process group. Call torch.distributed.init_process_group"):
+        check_default_group(rank=3, world_size=4)
+
+
+def test_check_default_group_names_a_group_of_the_wrong_shape(default_group):
+    default_group()
+    with pytest.raises(DistributedSetupError, match=r"created a process group with rank 0 and world size 1, but this "
+                                                    r"Trainer expects rank 0 and world size 2"):
+        check_default_group(rank=0, world_size=2)
+
+
+def _raised(action) -> Exception:
+    try:
+        action()
+    except Exception as error:  # torch raises RuntimeError or its own DistError subclasses
+        return error
+    raise AssertionError("expected torch to raise")
+
+
+# torch's own timeout errors, made by torch here (each takes about a second, torch's smallest wait), so that a
+# change of wording in a torch release fails these tests instead of silently turning timeouts into plain errors.
+def _file_store_timeout(tmp_path: Path) -> Exception:  # file://: gloo waits for the peers' keys in the FileStore
+    store = dist.FileStore(str(tmp_path / "store"), 2)
+    return _raised(lambda: store.wait(["rank1"], timedelta(milliseconds=100)))
+
+
+def _tcp_server_timeout(tmp_path: Path) -> Exception:  # tcp:// and env:// on rank 0: the store counts its clients
+    return _raised(lambda: dist.TCPStore("127.0.0.1", 0, world_size=3, is_master=True, wait_for_workers=True,
+                                         timeout=timedelta(milliseconds=100)))
+
+
+def test_torchs_timeout_wording_is_recognised_and_its_client_count_read(tmp_path):
+    file_error, tcp_error = _file_store_timeout(tmp_path), _tcp_server_timeout(tmp_path)
+    assert str(file_error) == "Wait timeout"
+    assert re.fullmatch(r"Timed out after \d+ seconds waiting for clients. 1/3 clients joined.", str(tcp_error))
+    timeout = timedelta(seconds=10)
+    for error in (file_error, tcp_error):
+        assert _is_rendezvous_timeout(error, elapsed_s=10.0, timeout=timeout)
+        # The same words long before the timeout come from somewhere else (a user's hook, a server it called).
+        assert not _is_rendezvous_timeout(error, elapsed_s=1.0, timeout=timeout)
+    assert not _is_rendezvous_timeout(RuntimeError("Connection refused"), elapsed_s=10.0, timeout=timeout)
+    assert _missing_ranks(Rendezvous("tcp://127.0.0.1:1"), 3, tcp_error) == "ranks that never arrived: [1, 2]"
+
+
+@pytest.mark.parametrize(
+    ("message", "expected"),
+    [
+        ("Timed out after 15 seconds waiting for clients. 1/4 clients joined.", "ranks that never arrived: [1, 2, 3]"),
+        ("Timed out after 15 seconds waiting for clients. 3/4 clients joined.",
+         "1 of 4 ranks never arrived (a TCP rendezvous does not say which)"),
+        ("The client socket has timed out after 15000ms while trying to connect to (127.0.0.1, 29500).",
+         "which ranks are missing cannot be known from this rank"),
+    ],
+)
+def test_missing_ranks_from_a_tcp_rendezvous(message, expected):
+    assert _missing_ranks(Rendezvous("env://"), 4, RuntimeError(message)) == expected
+
+
+def test_missing_ranks_from_a_file_rendezvous_are_the_ranks_without_a_claim(tmp_path):
+    url = f"file://{tmp_path}/rendezvous"
+    claimed = [FileInitMethod().prepare(url, Rank(rank)) for rank in (0, 2)]
+    assert _missing_ranks(claimed[0], 4, RuntimeError("Wait timeout")) == "ranks that never arrived: [1, 3]"
 
 
 def test_file_rendezvous_uses_the_file_privately_needs_no_master_port_and_removes_it(run_job, tmp_path, busy_port):
