@@ -11,20 +11,36 @@ import socket
 from pathlib import Path
 
 import pytest
-from lightning_fabric.plugins.environments import LightningEnvironment, SLURMEnvironment
+from lightning_fabric.plugins.environments import (
+    LightningEnvironment,
+    LSFEnvironment,
+    MPIEnvironment,
+    SLURMEnvironment,
+    TorchElasticEnvironment,
+)
 
+import lightning_dist_hooks
 from helpers import Rank, job_environment, run_ranks
 from lightning_dist_hooks import (
     FluxEnvironment,
     HydraEnvironment,
+    LauncherEnvironment,
+    LauncherVariables,
     MVAPICH2Environment,
     OpenMPIEnvironment,
     PALSEnvironment,
     Trainer,
     detect_cluster_environment,
+    environments,
     job_identity,
+    mpi,
+    register_cluster_environment,
 )
+from lightning_dist_hooks.environments import LAUNCHER_ENVIRONMENTS, detection_order
 from lightning_dist_hooks.init_methods import FileInitMethod
+from lightning_dist_hooks.job_identity import LAUNCH_TOKEN_VARIABLE
+from lightning_dist_hooks.launcher_variables import is_launcher_variable
+from lightning_dist_hooks.trainer import _with_detected_cluster_environment
 
 FIT_FLAGS = ["--backend", "gloo", "--setup-hook", "record", "--sampler-hook", "super", "--epochs", "1"]
 
@@ -144,6 +160,132 @@ def test_a_plugin_given_by_the_user_is_kept(launcher_env):
     launcher_env(OPENMPI)
     trainer = Trainer(accelerator="cpu", devices=2, strategy="ddp", plugins=[LightningEnvironment()], logger=False)
     assert type(trainer.strategy.cluster_environment) is LightningEnvironment
+
+
+def test_nothing_is_added_where_lightning_would_choose_the_same_environment(launcher_env):
+    launcher_env(SRUN)
+    kwargs = {"plugins": None}
+    assert _with_detected_cluster_environment(kwargs) is kwargs  # Lightning makes its SLURMEnvironment itself
+    launcher_env({**SBATCH_STEP, **OPENMPI})
+    (added,) = _with_detected_cluster_environment(kwargs)["plugins"]
+    assert type(added) is OpenMPIEnvironment
+
+
+# Rank 1 of 2 started by LSF's jsrun (Spectrum MPI sets OMPI_COMM_WORLD_* too); LSB_DJOB_RANKFILE is set per test.
+JSRUN = {"LSB_JOBID": "4242", "JSM_NAMESPACE_RANK": "1", "JSM_NAMESPACE_LOCAL_RANK": "1", "JSM_NAMESPACE_SIZE": "2",
+         "OMPI_COMM_WORLD_RANK": "1", "OMPI_COMM_WORLD_SIZE": "2", "OMPI_COMM_WORLD_LOCAL_RANK": "1"}
+
+
+def _jsrun_variables(tmp_path: Path) -> dict[str, str]:
+    rankfile = tmp_path / "rankfile"
+    rankfile.write_text(f"launchnode\n{socket.gethostname()}\n{socket.gethostname()}\n")
+    return {**JSRUN, "LSB_DJOB_RANKFILE": str(rankfile)}
+
+
+def test_a_jsrun_task_that_inherited_slurm_variables_is_lsfs(launcher_env, tmp_path):
+    # The one case where this order (LSF before SLURM) and Lightning's differ: jsrun's per-process JSM_NAMESPACE_*
+    # are the innermost launcher's, so the Trainer gives Lightning the LSFEnvironment it would not pick itself.
+    launcher_env({**SRUN, **_jsrun_variables(tmp_path)})
+    assert detect_cluster_environment() is LSFEnvironment and SLURMEnvironment.detect()
+    trainer = Trainer(accelerator="cpu", devices=1, num_nodes=2, strategy="ddp", logger=False)
+    assert type(trainer.strategy.cluster_environment) is LSFEnvironment
+    assert trainer.strategy.cluster_environment.global_rank() == 1
+
+
+class SiteLauncherEnvironment(LauncherEnvironment):
+    variables = LauncherVariables(detect=("SITE_RANK", "SITE_SIZE", "SITE_LOCAL_RANK"), rank="SITE_RANK",
+                                  world_size="SITE_SIZE", local_rank="SITE_LOCAL_RANK", node_count="SITE_NODES",
+                                  local_size="SITE_LOCAL_SIZE", identity=(("SITE_JOB_ID",),))
+
+
+SITE = {"SITE_RANK": "3", "SITE_SIZE": "8", "SITE_LOCAL_RANK": "1", "SITE_JOB_ID": "77"}
+
+
+@pytest.fixture
+def detection_order_restored(monkeypatch):
+    monkeypatch.setattr(environments, "_detection_order", list(environments.DETECTION_ORDER))
+
+
+def test_a_registered_environment_is_detected_before_the_schedulers(launcher_env, detection_order_restored):
+    register_cluster_environment(SiteLauncherEnvironment)
+    assert detection_order()[:3] == (TorchElasticEnvironment, SiteLauncherEnvironment, LSFEnvironment)
+    launcher_env({**SBATCH_STEP, **OPENMPI, **SITE})  # the site's launcher inside sbatch, an mpirun's variables too
+    assert detect_cluster_environment() is SiteLauncherEnvironment
+    trainer = Trainer(accelerator="cpu", devices=2, num_nodes=4, strategy="ddp", logger=False,
+                      torch_dist_init_method="env://")
+    cluster = trainer.strategy.cluster_environment
+    assert type(cluster) is SiteLauncherEnvironment and (cluster.global_rank(), cluster.world_size()) == (3, 8)
+    assert job_identity(cluster) == "SITE_JOB_ID=77"
+
+
+def test_registration_takes_a_place_and_refuses_to_replace_silently(detection_order_restored):
+    register_cluster_environment(SiteLauncherEnvironment, before=SLURMEnvironment)
+    assert detection_order()[-2:] == (SiteLauncherEnvironment, SLURMEnvironment)
+    with pytest.raises(ValueError, match=r"SiteLauncherEnvironment is already in the detection order \(position 7 "
+                                         r"of .*\). Pass replace=True"):
+        register_cluster_environment(SiteLauncherEnvironment)
+
+    class OpenMPIEnvironment(LauncherEnvironment):  # a site's fix, under the built-in's name
+        variables = environments.OpenMPIEnvironment.variables
+
+    class FluxEnvironmentOfAnotherSite(FluxEnvironment):
+        pass
+
+    with pytest.raises(ValueError, match=r"OpenMPIEnvironment is already in the detection order"):
+        register_cluster_environment(OpenMPIEnvironment)
+    register_cluster_environment(OpenMPIEnvironment, replace=True)
+    order = detection_order()
+    assert OpenMPIEnvironment in order and environments.OpenMPIEnvironment not in order
+    assert order.index(OpenMPIEnvironment) == environments.DETECTION_ORDER.index(environments.OpenMPIEnvironment)
+    with pytest.raises(TypeError, match=r"needs a ClusterEnvironment subclass, got 'OpenMPI'"):
+        register_cluster_environment("OpenMPI")
+    with pytest.raises(ValueError, match=r"before=<class '.*MPIEnvironment'> is not in the detection order"):
+        register_cluster_environment(FluxEnvironmentOfAnotherSite, before=MPIEnvironment)
+
+
+@pytest.mark.parametrize(
+    ("variables", "node_rank"),
+    [
+        ({**SITE, "SITE_NODES": "2", "SITE_LOCAL_SIZE": "8"}, 0),  # nodes first: 8 ranks / 2 nodes -> rank 3 on node 0
+        ({**SITE, "SITE_LOCAL_SIZE": "2"}, 1),  # else this node's size: 2 per node -> node 1
+        (SITE, 0),  # neither: one node
+    ],
+)
+def test_node_rank_is_derived_from_the_node_count_else_the_local_size(launcher_env, variables, node_rank):
+    launcher_env(variables)
+    assert SiteLauncherEnvironment().node_rank() == node_rank
+
+
+@pytest.mark.parametrize(("environment", "variables"),
+                         [(OpenMPIEnvironment, OPENMPI), (HydraEnvironment, HYDRA), (MVAPICH2Environment, MVAPICH2)])
+def test_the_mpi_transport_reads_the_same_tables(launcher_env, environment, variables):
+    launcher_env(variables)
+    cluster = environment()
+    launch = mpi.detect_mpi_launch()
+    assert (launch.rank, launch.world_size, launch.local_rank) == (cluster.global_rank(), cluster.world_size(),
+                                                                   cluster.local_rank())
+    assert launch.local_world_size == 2
+
+
+def test_the_scrub_list_covers_every_launcher_variable():
+    tables = {environment.__name__: environment.variables.names() for environment in LAUNCHER_ENVIRONMENTS}
+    lightnings = {"SLURM": SRUN, "torchrun": {"TORCHELASTIC_RUN_ID": "", "RANK": "", "LOCAL_RANK": "", "WORLD_SIZE": "",
+                                              "GROUP_RANK": "", "LOCAL_WORLD_SIZE": "", "MASTER_ADDR": "",
+                                              "MASTER_PORT": "", "TORCHELASTIC_RESTART_COUNT": ""},
+                  "jsrun": {**JSRUN, "LSB_DJOB_RANKFILE": ""},
+                  "Lightning": {"NODE_RANK": "", LAUNCH_TOKEN_VARIABLE: ""}}
+    for name, variables in [*tables.items(), *((name, set(env)) for name, env in lightnings.items())]:
+        assert not [variable for variable in variables if not is_launcher_variable(variable)], name
+    assert not is_launcher_variable("PATH") and not is_launcher_variable("GLOO_SOCKET_IFNAME")
+
+
+def test_scheduler_environment_is_a_deprecated_name_for_launcher_environment():
+    with pytest.warns(DeprecationWarning, match=r"SchedulerEnvironment is deprecated; use LauncherEnvironment"):
+        assert lightning_dist_hooks.SchedulerEnvironment is LauncherEnvironment
+    with pytest.warns(DeprecationWarning, match=r"environments.SchedulerEnvironment is deprecated"):
+        assert environments.SchedulerEnvironment is LauncherEnvironment
+    with pytest.warns(DeprecationWarning, match=r"SCHEDULER_ENVIRONMENTS is deprecated; use LAUNCHER_ENVIRONMENTS"):
+        assert environments.SCHEDULER_ENVIRONMENTS == LAUNCHER_ENVIRONMENTS
 
 
 def test_a_leftover_file_with_its_claim_stops_the_rerun_with_the_file_named(tmp_path):
