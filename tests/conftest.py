@@ -14,6 +14,9 @@ import pytest
 import helpers
 from helpers import FIT_JOB, REPO, JobResult, run_command
 
+# Scripts that the tests run as jobs (under mpirun, or as a rank): --doctest-modules must not import them here.
+collect_ignore = ["jobs", "mpi"]
+
 
 @pytest.fixture
 def run_job(tmp_path: Path):

@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import os
+import pwd
 import re
+import shutil
+import tempfile
 import warnings
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -106,14 +110,39 @@ def test_good_init_methods_are_kept(init_method):
     assert make_trainer(torch_dist_init_method=init_method).torch_dist_init_method == init_method
 
 
-def test_file_init_method_in_an_unwritable_directory(tmp_path: Path):
-    # root may write anywhere permissions allow; /proc refuses new files even to root.
-    directory = Path("/proc") if os.geteuid() == 0 else tmp_path
+@contextmanager
+def as_unprivileged_user():
+    """Run the body with the effective uid/gid of ``nobody`` when running as root (as CI does), in this process.
+
+    Permissions do not bind root. The real uid stays 0, so ``os.access``, which checks the real uid, still says
+    "writable": only a probe that really tries to create a file, as the check must, sees the refusal.
+    """
     if os.geteuid() != 0:
-        tmp_path.chmod(0o500)
-    with pytest.raises(ValueError, match=rf"the directory '{directory}' is not writable by this user"):
-        make_trainer(torch_dist_init_method=f"file://{directory}/rendezvous")
-    assert not [path for path in tmp_path.iterdir()], "the writability probe must not leave files behind"
+        yield
+        return
+    nobody = pwd.getpwnam("nobody")
+    os.setegid(nobody.pw_gid)
+    os.seteuid(nobody.pw_uid)
+    try:
+        yield
+    finally:
+        os.seteuid(0)
+        os.setegid(0)
+
+
+def test_file_init_method_in_an_unwritable_directory():
+    # Readable and searchable by everyone, writable by its owner only; under /tmp so that nobody can reach it.
+    directory = Path(tempfile.mkdtemp(prefix="ldh-unwritable-"))
+    try:
+        directory.chmod(0o555)
+        with as_unprivileged_user():
+            assert os.geteuid() != 0 and os.access(directory, os.R_OK | os.X_OK)
+            with pytest.raises(ValueError, match=rf"the directory '{directory}' is not writable by this user"):
+                make_trainer(torch_dist_init_method=f"file://{directory}/rendezvous")
+        assert not list(directory.iterdir()), "the writability probe must not leave files behind"
+    finally:
+        directory.chmod(0o700)
+        shutil.rmtree(directory)
 
 
 @pytest.mark.parametrize("suffix", ["/", ""])
