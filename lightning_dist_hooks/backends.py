@@ -107,3 +107,29 @@ def check_backend_fits_devices(backend: str, uses_cuda: bool) -> None:
             f"torch_dist_backend={backend!r} needs CUDA devices, but this Trainer's accelerator is not CUDA. "
             "Use torch_dist_backend='gloo' for CPU training, or Trainer(accelerator='cuda')."
         )
+
+
+def check_mpi_launch(backend: str | None, init_method: str | None, num_devices: int, num_nodes: int) -> None:
+    """An MPI backend or ``mpi://`` needs ranks started by an MPI launcher, as many as the Trainer expects.
+
+    Checked from the launcher's environment variables (:func:`lightning_dist_hooks.mpi.detect_mpi_launch`), so
+    MPI is not initialised. Does nothing when neither the backend nor the init method is MPI's.
+    """
+    uses_backend = backend in MPI_BACKENDS
+    if not uses_backend and not (init_method or "").startswith(mpi.mpi_init_method()):
+        return
+    flag = f"torch_dist_backend={backend!r}" if uses_backend else f"torch_dist_init_method={init_method!r}"
+    expected = num_devices * num_nodes
+    launch = mpi.detect_mpi_launch()
+    if launch is None:
+        raise ValueError(
+            f"{flag} needs every rank started by an MPI launcher, but this process was not (no variable of Open MPI, "
+            f"MPICH/Intel MPI, MVAPICH or PMI is set). Start the script with `mpirun -n {expected} python ...` (or "
+            f"`srun --mpi=pmi2 -n {expected} python ...` under SLURM), or use torch_dist_backend='gloo'."
+        )
+    if launch.world_size != expected:
+        raise ValueError(
+            f"Trainer(devices={num_devices}, num_nodes={num_nodes}) makes a world of {expected} processes, but the "
+            f"MPI launcher started {launch.world_size} ({flag}). Start the job with `mpirun -n {expected}`, or set "
+            f"devices x num_nodes to {launch.world_size}."
+        )

@@ -18,6 +18,7 @@ from lightning_dist_hooks import _lightning_internals
 from lightning_dist_hooks.backends import check_backend_fits_devices, register_if_mpi4py
 from lightning_dist_hooks.config import ProcessGroupConfig
 from lightning_dist_hooks.hooks import user_hook
+from lightning_dist_hooks.mpi._abort import note_failure
 from lightning_dist_hooks.process_group import create_process_group
 
 # Strategies whose setup creates the default process group through Lightning's ``_init_dist_connection``.
@@ -29,11 +30,18 @@ def _setup_environment(self: Any) -> None:
     """``setup_environment`` of a hooked strategy: our process group first, then the strategy's own setup."""
     config: ProcessGroupConfig = self._process_group_config
     register_if_mpi4py(_lightning_internals.requested_process_group_backend(self))
+    note_failure(None)  # a new run: an exception an earlier run stopped on was handled
     takes_over = not config.is_default or user_hook(self.lightning_module, "setup_distributed_backend") is not None
     if takes_over and not torch.distributed.is_initialized():
         self.set_world_ranks()
         create_process_group(self, config.init_method)
     self._unhooked_class.setup_environment(self)
+
+
+def _on_exception(self: Any, exception: BaseException) -> None:
+    """``on_exception`` of a hooked strategy: under MPI, a rank exiting after this ends the job at once."""
+    self._unhooked_class.on_exception(self, exception)
+    note_failure(exception)
 
 
 def _reduce_ex(self: Any, protocol: Any) -> tuple[Callable[[type], Any], tuple[type], Any]:
@@ -58,6 +66,7 @@ def _hooked_class(strategy_class: type) -> type:
                 "__module__": __name__,
                 "_unhooked_class": strategy_class,
                 "setup_environment": _setup_environment,
+                "on_exception": _on_exception,
                 "__reduce_ex__": _reduce_ex,
             },
         )

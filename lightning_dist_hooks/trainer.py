@@ -11,6 +11,7 @@ from lightning_fabric.plugins.environments import ClusterEnvironment
 from pytorch_lightning.accelerators import CUDAAccelerator
 from pytorch_lightning.utilities.rank_zero import rank_zero_warn
 
+from lightning_dist_hooks.backends import check_mpi_launch
 from lightning_dist_hooks.config import ProcessGroupConfig
 from lightning_dist_hooks.environments import detect_cluster_environment, lightning_would_choose
 from lightning_dist_hooks.init_methods import is_rendezvous_directory
@@ -73,6 +74,7 @@ class DistributedHooksTrainerMixin:
                     config, init_method=resolve_rendezvous_directory(config.init_method, strategy.cluster_environment)
                 )
             attach_process_group_config(strategy, config, uses_cuda=isinstance(trainer.accelerator, CUDAAccelerator))
+            check_mpi_launch(config.backend, config.init_method, trainer.num_devices, trainer.num_nodes)
         elif not config.is_default:
             rank_zero_warn(
                 f"torch_dist_backend={config.backend!r} and torch_dist_init_method={config.init_method!r} are "

@@ -48,8 +48,15 @@ def test_mpi_without_mpi4py_names_the_install_command(monkeypatch):
         Trainer(accelerator="cpu", devices=2, strategy="ddp", torch_dist_backend="mpi", logger=False)
 
 
+def as_if_started_by_mpirun(monkeypatch, ranks: int) -> None:
+    """The variables Open MPI's mpirun sets for rank 0 of ``ranks`` on one node."""
+    for name, value in {"RANK": 0, "SIZE": ranks, "LOCAL_RANK": 0, "LOCAL_SIZE": ranks}.items():
+        monkeypatch.setenv(f"OMPI_COMM_WORLD_{name}", str(value))
+
+
 @pytest.mark.skipif(not mpi.is_available(), reason="needs mpi4py")
-def test_mpi_selects_the_mpi4py_transport_and_the_socket_free_init_method():
+def test_mpi_selects_the_mpi4py_transport_and_the_socket_free_init_method(monkeypatch):
+    as_if_started_by_mpirun(monkeypatch, ranks=2)
     trainer = Trainer(accelerator="cpu", devices=2, strategy="ddp", torch_dist_backend="MPI", logger=False)
     assert (trainer.torch_dist_backend, trainer.torch_dist_init_method) == ("mpi4py", "mpi://")
 
@@ -58,3 +65,22 @@ def test_mpi_init_method_needs_an_mpi_backend():
     with pytest.raises(ValueError, match=r"torch_dist_init_method='mpi://' needs an MPI backend"):
         Trainer(accelerator="cpu", devices=2, strategy="ddp", torch_dist_backend="gloo",
                 torch_dist_init_method="mpi://", logger=False)
+
+
+@pytest.mark.skipif(not mpi.is_available(), reason="needs mpi4py")
+@pytest.mark.parametrize("flags", [{"torch_dist_backend": "mpi"}, {"torch_dist_backend": "mpi4py",
+                                                                    "torch_dist_init_method": "mpi://"}])
+def test_mpi_outside_an_mpi_launcher_says_to_start_with_mpirun(flags):
+    with pytest.raises(ValueError, match=r"torch_dist_backend='mpi4py' needs every rank started by an MPI launcher, "
+                                         r"but this process was not .* Start the script with `mpirun -n 4 python "
+                                         r"\.\.\.` \(or `srun --mpi=pmi2 -n 4"):
+        Trainer(accelerator="cpu", devices=2, num_nodes=2, strategy="ddp", logger=False, **flags)
+
+
+@pytest.mark.skipif(not mpi.is_available(), reason="needs mpi4py")
+def test_mpi_job_of_another_size_than_the_trainer_names_both(monkeypatch):
+    as_if_started_by_mpirun(monkeypatch, ranks=3)
+    with pytest.raises(ValueError, match=r"Trainer\(devices=2, num_nodes=1\) makes a world of 2 processes, but the "
+                                         r"MPI launcher started 3 \(torch_dist_backend='mpi4py'\)\. Start the job "
+                                         r"with `mpirun -n 2`, or set devices x num_nodes to 3\."):
+        Trainer(accelerator="cpu", devices=2, strategy="ddp", torch_dist_backend="mpi", logger=False)

@@ -11,13 +11,13 @@ Two ways to run an operation:
   the core from backward.
 
 MPI operations cannot time out or be cancelled, so the progress thread is also a watchdog: an operation still
-running after its process group's timeout ends the whole job with ``MPI_Abort`` and a message on stderr.
+running after its process group's timeout ends the whole job with ``MPI_Abort`` and a message on stderr. An MPI
+error (a peer that died, a broken connection) also ends the job, with a message saying so.
 """
 
 from __future__ import annotations
 
 import atexit
-import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -27,6 +27,8 @@ from typing import TYPE_CHECKING, NamedTuple
 
 import torch
 import torch.distributed as dist
+
+from ._abort import abort_job
 
 if TYPE_CHECKING:
     from mpi4py import MPI
@@ -222,6 +224,8 @@ class ProgressEngine:
         try:
             for call in calls:
                 getattr(comm, call.method)(*call.args)
+        except self._mpi.Exception as error:
+            self._abort_failed(deadline, error)
         finally:
             del self._blocking[thread]
 
@@ -239,7 +243,10 @@ class ProgressEngine:
         # The lock is held for one Testall by the progress thread, or by another caller's Waitall, which its own
         # deadline bounds: this wait is bounded too.
         with self._request_lock:
-            completed_here = work.complete_requests(self._mpi, block=True)
+            try:
+                completed_here = work.complete_requests(self._mpi, block=True)
+            except self._mpi.Exception as error:
+                self._abort_failed(work.deadline, error)
         if completed_here:
             self._retire(work)
 
@@ -275,26 +282,37 @@ class ProgressEngine:
         # A caller blocked in Waitall holds the lock and drives MPI progress itself; come back for the deadlines.
         if not self._request_lock.acquire(timeout=_WATCHDOG_PERIOD_S):
             return []
+        completed = []
         try:
-            return [work for work in works if work.complete_requests(self._mpi, block=False)]
+            for work in works:
+                if work.complete_requests(self._mpi, block=False):
+                    completed.append(work)
+        except self._mpi.Exception as error:
+            self._abort_failed(work.deadline, error)
         finally:
             self._request_lock.release()
+        return completed
 
     def _abort_if_overdue(self) -> None:
         now = time.monotonic()
         deadlines = [work.deadline for work in self._posted.values()] + list(self._blocking.values())
         for deadline in deadlines:
             if now > deadline.at:
-                self._abort(deadline)
+                self._abort_overdue(deadline)
 
-    def _abort(self, deadline: Deadline) -> None:
-        rank = self._mpi.COMM_WORLD.Get_rank()
-        message = (
-            f"[lightning_dist_hooks.mpi] rank {rank}: {deadline.describe()} on {deadline.group} did not complete "
-            f"within the process group timeout ({deadline.timeout.total_seconds():g} s). MPI operations cannot "
-            "time out or be cancelled, so the job is ended with MPI_Abort. A rank probably skipped or reordered a "
-            "collective.\n"
+    def _abort_overdue(self, deadline: Deadline) -> None:
+        abort_job(
+            self._mpi,
+            f"{deadline.describe()} on {deadline.group} did not complete within the process group timeout "
+            f"({deadline.timeout.total_seconds():g} s), and MPI reported no error: the peers are alive as far as "
+            "MPI knows (a rank that dies or fails ends the job at once), so one of them is stuck or skipped or "
+            "reordered this collective. MPI operations cannot time out or be cancelled, so the job is ended with "
+            "MPI_Abort.",
         )
-        sys.stderr.write(message)
-        sys.stderr.flush()
-        self._mpi.COMM_WORLD.Abort(1)
+
+    def _abort_failed(self, deadline: Deadline, error: BaseException) -> None:
+        abort_job(
+            self._mpi,
+            f"{deadline.describe()} on {deadline.group} failed with an MPI error ({error}): a peer process died or "
+            "its connection broke. The job is ended with MPI_Abort.",
+        )

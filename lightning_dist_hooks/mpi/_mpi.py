@@ -7,6 +7,8 @@ import os
 import sys
 from types import ModuleType
 
+from ._abort import install_abort_on_failure
+
 INSTALL_HINT = 'pip install "lightning-dist-hooks[mpi]" (or: pip install mpi4py)'
 
 # Open MPI's non-blocking allreduce (libnbc) picks a binomial tree below 4 ranks, 2-3x slower than its ring or
@@ -26,6 +28,8 @@ def mpi4py_importable() -> bool:
 
 def init_mpi() -> ModuleType:
     """Initialise MPI the way the backend needs it and return ``mpi4py.MPI``.
+
+    From then on a rank that fails ends the whole job with ``MPI_Abort`` (see ``_abort``).
 
     Importing ``mpi4py.MPI`` initialises MPI (with ``MPI_THREAD_MULTIPLE``, which the backend requires). Call
     this before anything else imports mpi4py (Lightning's ``MPIEnvironment`` does) so that the Open MPI tuning
@@ -51,4 +55,5 @@ def init_mpi() -> ModuleType:
             f"{MPI.Query_thread()}. Do not lower mpi4py.rc.thread_level, and use an MPI library built with "
             "thread support."
         )
+    install_abort_on_failure(MPI)
     return MPI

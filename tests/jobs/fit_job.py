@@ -10,6 +10,7 @@ import argparse
 import hashlib
 import json
 import os
+import time
 from datetime import timedelta
 from pathlib import Path
 
@@ -24,6 +25,11 @@ from sockets import listening_tcp_ports
 from lightning_dist_hooks.environments import LAUNCHER_ENVIRONMENTS
 
 DATASET_SIZE = 24
+
+
+def announce_failure() -> None:
+    """Print when an injected failure happens, so that a test can time how long the job takes to end after it."""
+    print(f"injecting a failure at {time.time()}", flush=True)
 
 
 class IndexedDataset(Dataset):
@@ -69,6 +75,9 @@ class JobModule(pl.LightningModule):
         return torch.nn.functional.mse_loss(self.layer(x), y)
 
     def training_step(self, batch, batch_idx):
+        if self.global_step == self.args.raise_at_step and self.global_rank == self.args.die_rank:
+            announce_failure()
+            raise ZeroDivisionError(f"injected failure in training_step on rank {self.global_rank}")
         return self._record_batch("train", batch)
 
     def on_train_batch_start(self, batch, batch_idx) -> None:
@@ -185,6 +194,7 @@ class WrongWorldSetupHook:
 class RaisingSetupHook:
     def setup_distributed_backend(self, backend, init_method, rank, world_size, timeout):
         if rank == world_size - 1:
+            announce_failure()
             raise OSError("site bootstrap service unreachable")
         dist.init_process_group(backend=backend, init_method=init_method, rank=rank, world_size=world_size,
                                 timeout=timeout)
@@ -193,6 +203,7 @@ class RaisingSetupHook:
 class RaisingSamplerHook:
     def configure_sampler(self, dataloader, stage):
         if self.global_rank == 1:
+            announce_failure()
             raise KeyError("no weights for this dataset")
         return None
 
@@ -291,6 +302,7 @@ def main() -> None:
     parser.add_argument("--timeout", type=float, default=60)
     parser.add_argument("--hand-store")
     parser.add_argument("--die-at-step", type=int, help="--die-rank exits abruptly when this training step starts")
+    parser.add_argument("--raise-at-step", type=int, help="--die-rank raises in training_step at this step")
     parser.add_argument("--die-rank", type=int, default=1)
     parser.add_argument("--cluster-environment", choices=sorted(ENVIRONMENTS),
                         help="pass this environment in plugins=[...] instead of letting the Trainer detect one")
