@@ -6,7 +6,7 @@ Run on one machine (loopback only; drop --allow-run-as-root when not root)::
         env GLOO_SOCKET_IFNAME=lo python benchmarks/mpi_allreduce.py
 
 Every measurement alternates between the implementations in short rounds (in a rotating order) and reports
-median times and the median of per-round ratios, so load bursts on a shared machine hit both sides of a ratio
+median times and the median of per-round ratios, each with its interquartile range, and the load average, so load bursts on a shared machine hit both sides of a ratio
 alike. Times are the slowest rank's. ``--quick`` runs tiny sizes and a few steps (a smoke test that the benchmark
 still works, not a measurement).
 """
@@ -33,6 +33,7 @@ MPI = mpi.init_mpi()  # initialise MPI as the backend would (its Open MPI defaul
 
 FULL_SIZES = [4 << 10 << 2 * step for step in range(8)]  # 4 KiB, 16 KiB, ..., 64 MiB
 QUICK_SIZES = [4 << 10, 64 << 10]
+SYNC_DIST_METRICS = 8  # values logged with sync_dist=True per step (loss, accuracy, learning rate, ...)
 BYTES_PER_ROUND = 8 << 20  # each round moves about this much per implementation (2 to 100 calls): short rounds
 OURS, GLOO, RAW, RAW_SAME_MEMORY = "mpi4py backend", "gloo", "raw mpi4py", "raw, torch memory"
 
@@ -86,19 +87,31 @@ def timed_rounds(comm, runs: dict[str, Callable[[], None]], calls: int, rounds: 
     return samples
 
 
+def quartiles(values: list[float]) -> tuple[float, float, float]:
+    """First quartile, median, third quartile."""
+    if len(values) < 2:
+        return values[0], values[0], values[0]
+    first, median, third = statistics.quantiles(values, n=4, method="inclusive")
+    return first, median, third
+
+
 def summarize(samples: dict[str, list[float]]) -> dict:
-    """Median time per implementation, and the median over rounds of each one's speed relative to ours.
+    """Median time per implementation and its interquartile range, and the median over rounds of each one's speed
+    relative to ours with its interquartile range.
 
     Ratios are taken within a round: on a shared machine, load bursts then hit both sides of a ratio alike.
     """
     ours = samples[OURS]
+    ratios = {
+        name: quartiles([other / mine for other, mine in zip(values, ours, strict=True)])
+        for name, values in samples.items()
+        if name != OURS
+    }
     return {
         "median_seconds": {name: statistics.median(values) for name, values in samples.items()},
-        "ours_speed_relative_to": {
-            name: statistics.median(other / mine for other, mine in zip(values, ours, strict=True))
-            for name, values in samples.items()
-            if name != OURS
-        },
+        "iqr_seconds": {name: [quartiles(values)[0], quartiles(values)[2]] for name, values in samples.items()},
+        "ours_speed_relative_to": {name: middle for name, (_, middle, _) in ratios.items()},
+        "ours_speed_relative_to_iqr": {name: [first, third] for name, (first, _, third) in ratios.items()},
     }
 
 
@@ -116,6 +129,30 @@ def allreduce_runs(nbytes: int, ours: dist.ProcessGroup, comm) -> dict[str, Call
         RAW: lambda: comm.Allreduce(MPI.IN_PLACE, raw_array),
         RAW_SAME_MEMORY: lambda: comm.Allreduce(MPI.IN_PLACE, same_memory_array),
     }
+
+
+def sync_dist_runs(ours: dist.ProcessGroup, world_size: int) -> dict[str, Callable[[], None]]:
+    """One training step's worth of ``self.log(name, value, sync_dist=True)``: ``SYNC_DIST_METRICS`` scalars.
+
+    Each is what Lightning's ``_sync_ddp`` does per logged value: a barrier, then an all-reduce of the scalar;
+    "mean" is ReduceOp.AVG where the backend has it, and SUM followed by a division on gloo.
+    """
+    values = [float(index) for index in range(SYNC_DIST_METRICS)]
+
+    def ours_step() -> None:
+        for value in values:
+            metric = torch.tensor(value)
+            dist.barrier(group=ours)
+            dist.all_reduce(metric, op=dist.ReduceOp.AVG, group=ours)
+
+    def gloo_step() -> None:
+        for value in values:
+            metric = torch.tensor(value)
+            dist.barrier()
+            dist.all_reduce(metric, op=dist.ReduceOp.SUM)
+            metric.div_(world_size)
+
+    return {OURS: ours_step, GLOO: gloo_step}
 
 
 def make_mlp(hidden: int) -> torch.nn.Module:
@@ -145,8 +182,22 @@ def ddp_step_runs(hidden: int, batch: int, ours: dist.ProcessGroup) -> tuple[dic
     return runs, parameter_bytes
 
 
+def _loads(load: tuple[float, float, float]) -> str:
+    return "/".join(f"{value:.1f}" for value in load)
+
+
 def format_size(nbytes: int) -> str:
     return f"{nbytes >> 20} MiB" if nbytes >= 1 << 20 else f"{nbytes >> 10} KiB"
+
+
+def _time_with_iqr(seconds: float, iqr: list[float]) -> str:
+    scale, unit = (1e6, "us") if seconds < 1e-2 else (1e3, "ms")
+    return f"{seconds * scale:.1f} {unit} [{iqr[0] * scale:.1f}-{iqr[1] * scale:.1f}]"
+
+
+def _ratio_with_iqr(row: dict, name: str) -> str:
+    low, high = row["ours_speed_relative_to_iqr"][name]
+    return f"{row['ours_speed_relative_to'][name]:.2f}x [{low:.2f}-{high:.2f}]"
 
 
 def report_allreduce(results: list[dict]) -> None:
@@ -154,28 +205,21 @@ def report_allreduce(results: list[dict]) -> None:
         f"\nallreduce (float32, in place, SUM). {OURS} and {GLOO}: dist.all_reduce(torch tensor); {RAW}: "
         f"comm.Allreduce(IN_PLACE, numpy array); {RAW_SAME_MEMORY}: the same on a torch tensor's memory."
     )
-    print("Median time per call and bandwidth (size / time); ours/x: median per-round ratio of x's time to ours")
+    print("Median time per call [interquartile range]; ours/x: median [IQR] of per-round ratios of x's time to ours")
     names = (OURS, GLOO, RAW, RAW_SAME_MEMORY)
-    header = " | ".join(f"{name:>22}" for name in names)
-    print(f"{'size':>8} | {header} | ours/gloo | ours/raw | ours/raw same mem")
+    print(f"| size | {' | '.join(names)} | ours/gloo | ours/raw | ours/raw same memory |")
+    print(f"|---:|{'---:|' * (len(names) + 3)}")
     for row in results:
-        cells = []
-        for name in names:
-            seconds = row["median_seconds"][name]
-            cells.append(f"{seconds * 1e6:9.1f} us {row['bytes'] / seconds / 1e9:6.2f} GB/s")
-        relative = row["ours_speed_relative_to"]
-        ratios = f"{relative[GLOO]:8.2f}x | {relative[RAW]:7.2f}x | {relative[RAW_SAME_MEMORY]:16.2f}x"
-        print(f"{format_size(row['bytes']):>8} | {' | '.join(cells)} | {ratios}")
+        cells = [_time_with_iqr(row["median_seconds"][name], row["iqr_seconds"][name]) for name in names]
+        ratios = [_ratio_with_iqr(row, name) for name in (GLOO, RAW, RAW_SAME_MEMORY)]
+        print(f"| {format_size(row['bytes'])} | {' | '.join(cells)} | {' | '.join(ratios)} |")
 
 
-def report_ddp(result: dict, parameter_bytes: int, batch: int) -> None:
-    print(
-        f"\nDDP training step (MLP, {parameter_bytes / 2**20:.1f} MiB of float32 parameters, batch {batch} per "
-        "rank, SGD): median time per step"
-    )
+def report_steps(title: str, result: dict) -> None:
+    print(f"\n{title}: median time per step [interquartile range]")
     for name, seconds in result["median_seconds"].items():
-        print(f"{name:>16}: {seconds * 1e3:8.2f} ms")
-    print(f"{'ours/gloo':>16}: {result['ours_speed_relative_to'][GLOO]:8.2f}x speed (median per-round ratio)")
+        print(f"{name:>16}: {_time_with_iqr(seconds, result['iqr_seconds'][name])}")
+    print(f"{'ours/gloo':>16}: {_ratio_with_iqr(result, GLOO)} speed (median [IQR] of per-round ratios)")
 
 
 def main() -> None:
@@ -187,26 +231,47 @@ def main() -> None:
     sizes = QUICK_SIZES if args.quick else FULL_SIZES
     rounds = 2 if args.quick else args.rounds
 
+    load_before = os.getloadavg()
     allreduce = []
     for nbytes in sizes:
         calls = 2 if args.quick else max(2, min(100, BYTES_PER_ROUND // nbytes))
         samples = timed_rounds(comm, allreduce_runs(nbytes, ours, comm), calls, rounds)
         allreduce.append({"bytes": nbytes, **summarize(samples)})
 
+    sync_dist = summarize(timed_rounds(comm, sync_dist_runs(ours, comm.Get_size()), 2 if args.quick else 20, rounds))
+
     hidden = 64 if args.quick else args.ddp_hidden
     ddp_runs, parameter_bytes = ddp_step_runs(hidden, args.ddp_batch, ours)
     ddp = summarize(timed_rounds(comm, ddp_runs, 2 if args.quick else args.ddp_steps, rounds))
     del ddp_runs  # gloo hangs at exit if DDP's reducer outlives its process group
+    load_after = os.getloadavg()
 
     if comm.Get_rank() == 0:
         print(
             f"{comm.Get_size()} ranks, {os.cpu_count()} CPUs, {torch.get_num_threads()} torch thread(s) per rank, "
-            f"torch {torch.__version__}, {MPI.Get_library_version().splitlines()[0]}"
+            f"torch {torch.__version__}, {MPI.Get_library_version().splitlines()[0]}; load average (1, 5, 15 min) "
+            f"{_loads(load_before)} before, {_loads(load_after)} after"
         )
         report_allreduce(allreduce)
-        report_ddp(ddp, parameter_bytes, args.ddp_batch)
+        report_steps(
+            f"Lightning's sync_dist pattern ({SYNC_DIST_METRICS} scalars per step, each a barrier and an all-reduce)",
+            sync_dist,
+        )
+        report_steps(
+            f"DDP training step (MLP, {parameter_bytes / 2**20:.1f} MiB of float32 parameters, batch "
+            f"{args.ddp_batch} per rank, SGD)",
+            ddp,
+        )
         if args.json:
-            results = {"allreduce": allreduce, "ddp_step": ddp, "ddp_parameter_bytes": parameter_bytes}
+            results = {
+                "load_average_before": load_before,
+                "load_average_after": load_after,
+                "allreduce": allreduce,
+                "sync_dist_step": sync_dist,
+                "sync_dist_metrics": SYNC_DIST_METRICS,
+                "ddp_step": ddp,
+                "ddp_parameter_bytes": parameter_bytes,
+            }
             args.json.write_text(json.dumps(results, indent=2))
     dist.destroy_process_group()
 

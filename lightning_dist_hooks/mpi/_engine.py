@@ -219,11 +219,15 @@ class ProgressEngine:
 
     def run_blocking(self, comm: MPI.Comm, calls: Sequence[MpiCall], deadline: Deadline) -> None:
         """Run ``calls`` to completion on the calling thread, under the watchdog."""
+        for call in calls:
+            self.call_blocking(getattr(comm, call.method), call.args, deadline)
+
+    def call_blocking(self, function: Callable[..., object], args: tuple, deadline: Deadline) -> None:
+        """Call the blocking MPI ``function(*args)`` on the calling thread, under the watchdog."""
         thread = threading.get_ident()
         self._blocking[thread] = deadline
         try:
-            for call in calls:
-                getattr(comm, call.method)(*call.args)
+            function(*args)
         except self._mpi.Exception as error:
             self._abort_failed(deadline, error)
         finally:

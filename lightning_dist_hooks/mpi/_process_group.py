@@ -109,6 +109,32 @@ def _check_multiple(total: torch.Tensor, piece: torch.Tensor, count: int, operat
         )
 
 
+class _DirectTarget(NamedTuple):
+    """How a blocking allreduce reduces a tensor of one (op, dtype) in place: MPI's type and op, then ``finish``."""
+
+    mpi_type: object
+    mpi_op: object
+    finish: Callable[[torch.Tensor], object] | None  # AVG's division
+
+
+def _direct_target(mpi: ModuleType, op: ReduceOp.RedOpType, dtype: torch.dtype, size: int) -> _DirectTarget | None:
+    try:
+        reduction = reduction_for(mpi, op, dtype, size)
+    except (TypeError, ValueError):  # the general path raises them with the operation's name
+        return None
+    if reduction.compute_dtype != dtype:  # float16, bfloat16, 8/16-bit sums: staged in a wider type
+        return None
+    return _DirectTarget(reduction.mpi_type, reduction.mpi_op, reduction.finish)
+
+
+def _describe_barrier() -> str:
+    return "barrier"
+
+
+def _describe_allreduce(op: ReduceOp.RedOpType, tensors: Sequence[torch.Tensor]) -> str:
+    return f"allreduce({op.name}) of {_describe(tensors)}"
+
+
 def _row_bytes(tensor: torch.Tensor) -> int:
     return tensor[0].numel() * tensor.element_size() if tensor.dim() and tensor.shape[0] else 0
 
@@ -131,6 +157,8 @@ class MpiProcessGroup(dist.ProcessGroup):
         self._timeout = timeout
         self._timeout_s = timeout.total_seconds()
         self._description = description
+        # Per (op, dtype): what dist.all_reduce(t) on a contiguous tensor passes to MPI (None: not in place).
+        self._direct_targets: dict[tuple[ReduceOp.RedOpType, torch.dtype], _DirectTarget | None] = {}
         self._group_name = ""  # torch sets both right after creation
         self._group_description = ""
 
@@ -164,8 +192,13 @@ class MpiProcessGroup(dist.ProcessGroup):
 
     def allreduce(self, tensors: list[torch.Tensor], opts: dist.AllreduceOptions | None = None) -> dist.Work:
         opts = opts or dist.AllreduceOptions()
+        if not opts.asyncOp and len(tensors) == 1:  # dist.all_reduce(t): metrics, sync_dist, small and frequent
+            op = opts.reduceOp.op  # a C++ property that builds a ReduceOp: read once
+            direct = self._direct_allreduce_target(tensors[0], op)
+            if direct is not None:
+                return self._allreduce_in_place(tensors, direct, op)
         parts = [self._allreduce_part(tensor, opts.reduceOp) for tensor in tensors]
-        return self._run(lambda: f"allreduce({opts.reduceOp.op.name}) of {_describe(tensors)}", tensors, parts, opts)
+        return self._run(partial(_describe_allreduce, opts.reduceOp.op, tensors), tensors, parts, opts)
 
     def allreduce_coalesced(
         self, tensors: list[torch.Tensor], opts: dist.AllreduceCoalescedOptions | None = None
@@ -346,7 +379,11 @@ class MpiProcessGroup(dist.ProcessGroup):
         return self._run(lambda: f"alltoall of {_describe(inputs)}", outputs, [part], opts)
 
     def barrier(self, opts: dist.BarrierOptions | None = None) -> dist.Work:
-        return self._run(lambda: "barrier", [], [_Part(MpiCall("Barrier", (), ()))], opts)
+        if opts is not None and not opts.asyncOp:  # dist.barrier(): Lightning's sync_dist runs one per metric
+            deadline = Deadline(time.monotonic() + self._timeout_s, self._timeout, _describe_barrier, self._description)
+            self._engine.call_blocking(self._comm.Barrier, (), deadline)
+            return CompletedWork([])
+        return self._run(_describe_barrier, [], [_Part(MpiCall("Barrier", (), ()))], opts)
 
     # --- point to point (always non-blocking: blocking sends could deadlock send/send pairs) ---------------
 
@@ -395,6 +432,33 @@ class MpiProcessGroup(dist.ProcessGroup):
             work.want_source(self._mpi)
         self._engine.post(work, self._comm, calls)
         return work
+
+    def _direct_allreduce_target(self, tensor: torch.Tensor, op: ReduceOp.RedOpType) -> _DirectTarget | None:
+        """How to reduce ``tensor`` in place as is, or None when it needs staging (see ``_direct_target``)."""
+        key = (op, tensor.dtype)
+        try:
+            target = self._direct_targets[key]
+        except KeyError:
+            target = self._direct_targets[key] = _direct_target(self._mpi, op, tensor.dtype, self._size)
+        if target is None or not (tensor.is_cpu and tensor.layout is torch.strided and tensor.is_contiguous()):
+            return None
+        return target
+
+    def _allreduce_in_place(
+        self, tensors: list[torch.Tensor], target: _DirectTarget, op: ReduceOp.RedOpType
+    ) -> CompletedWork:
+        """The blocking allreduce of one contiguous tensor, without staging: the raw MPI call plus the watchdog."""
+        (tensor,) = tensors
+        count = tensor.numel()
+        memory = self._mpi.buffer.fromaddress(tensor.data_ptr(), count * tensor.element_size())
+        describe = partial(_describe_allreduce, op, tensors)
+        deadline = Deadline(time.monotonic() + self._timeout_s, self._timeout, describe, self._description)
+        self._engine.call_blocking(
+            self._comm.Allreduce, (self._mpi.IN_PLACE, [memory, count, target.mpi_type], target.mpi_op), deadline
+        )
+        if target.finish is not None:
+            target.finish(tensor)
+        return CompletedWork(tensors)
 
     def _allreduce_part(self, tensor: torch.Tensor, op: ReduceOp) -> _Part:
         require_cpu_tensor(tensor, "allreduce")
