@@ -45,6 +45,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--ddp-steps", type=int, default=5, help="timed DDP steps per implementation and round")
     parser.add_argument("--ddp-hidden", type=int, default=640, help="MLP width (4 layers: ~5 MB of float32 params)")
     parser.add_argument("--ddp-batch", type=int, default=64, help="DDP batch size per rank")
+    parser.add_argument("--sizes", type=lambda text: [int(kib) << 10 for kib in text.split(",")],
+                        help="allreduce sizes in KiB, comma-separated (default: 4 KiB to 64 MiB)")
     parser.add_argument("--json", type=Path, help="also write the results here (rank 0)")
     return parser.parse_args()
 
@@ -228,7 +230,7 @@ def main() -> None:
     # Ranks share the machine's cores: one intra-op thread each keeps them from fighting over cores.
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // comm.Get_size()))
     ours = init_groups(comm)
-    sizes = QUICK_SIZES if args.quick else FULL_SIZES
+    sizes = args.sizes or (QUICK_SIZES if args.quick else FULL_SIZES)
     rounds = 2 if args.quick else args.rounds
 
     load_before = os.getloadavg()
