@@ -237,3 +237,9 @@ def test_benchmark_quick_run(tmp_path: Path) -> None:
         assert set(row["median_seconds"]) == {"mpi4py backend", "gloo", "raw mpi4py", "raw, torch memory"}
         assert all(seconds > 0 for seconds in row["median_seconds"].values())
     assert set(results["ddp_step"]["median_seconds"]) == {"mpi4py backend", "gloo"}
+    assert set(results["sync_dist_step"]["median_seconds"]) == {"mpi4py backend", "gloo"}
+    for row in [*results["allreduce"], results["sync_dist_step"], results["ddp_step"]]:
+        for name, (first_quartile, third_quartile) in row["iqr_seconds"].items():
+            assert 0 < first_quartile <= row["median_seconds"][name] <= third_quartile
+    assert len(results["load_average_before"]) == len(results["load_average_after"]) == 3
+    assert "Lightning's sync_dist pattern" in completed.stdout

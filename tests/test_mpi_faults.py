@@ -65,6 +65,15 @@ def test_exception_in_training_step_ends_the_job_at_once(tmp_path):
 
 
 @needs_mpi
+def test_exception_the_script_swallows_after_lightning_tore_down_still_ends_the_job(tmp_path):
+    result, ended = run_failing_job(tmp_path, "--raise-at-step", "1", "--die-rank", "1", "--swallow-errors")
+    assert_ended_soon_after_the_failure(result.output, ended)
+    assert "rank 1 swallowed ZeroDivisionError" in result.output
+    assert ("[lightning_dist_hooks.mpi] rank 1: is exiting after a trainer stopped on ZeroDivisionError: injected "
+            "failure in training_step on rank 1. Ending the MPI job with MPI_Abort") in result.output
+
+
+@needs_mpi
 def test_exception_in_configure_sampler_ends_the_job_at_once(tmp_path):
     result, ended = run_failing_job(tmp_path, "--sampler-hook", "raise")
     assert_ended_soon_after_the_failure(result.output, ended)

@@ -304,6 +304,8 @@ def main() -> None:
     parser.add_argument("--die-at-step", type=int, help="--die-rank exits abruptly when this training step starts")
     parser.add_argument("--raise-at-step", type=int, help="--die-rank raises in training_step at this step")
     parser.add_argument("--die-rank", type=int, default=1)
+    parser.add_argument("--swallow-errors", action="store_true",
+                        help="catch an exception from the trainer and exit normally, as a script that logs it might")
     parser.add_argument("--cluster-environment", choices=sorted(ENVIRONMENTS),
                         help="pass this environment in plugins=[...] instead of letting the Trainer detect one")
     parser.add_argument("--out", required=True)
@@ -322,11 +324,17 @@ def main() -> None:
         )
     module = build_module(args)
     datamodule = JobDataModule() if args.datamodule else None
-    for stage in args.stages.split(","):
-        if stage == "fit":
-            trainer.fit(module, datamodule=datamodule)
-        else:
-            getattr(trainer, stage)(module)
+    try:
+        for stage in args.stages.split(","):
+            if stage == "fit":
+                trainer.fit(module, datamodule=datamodule)
+            else:
+                getattr(trainer, stage)(module)
+    except Exception as error:
+        if not args.swallow_errors:
+            raise
+        print(f"rank {trainer.global_rank} swallowed {error!r} and exits normally", flush=True)
+        return
     if datamodule is not None:
         Path(args.out, f"datamodule-rank{trainer.global_rank}.json").write_text(json.dumps(datamodule.sampler_calls))
 
