@@ -43,7 +43,7 @@ def main() -> None:
             NO_WRAPPER: lambda: ours.allreduce([tensors[2]], options),
             RAW: lambda: comm.Allreduce(bench.MPI.IN_PLACE, raw),
         }
-        rows.append((nbytes, bench.summarize(bench.timed_rounds(comm, runs, max(2, (8 << 20) // nbytes // 4), 21))))
+        rows.append((nbytes, bench.summarize(bench.timed_rounds(comm, runs, max(2, min(100, bench.BYTES_PER_ROUND // nbytes)), 21))))
     if comm.Get_rank() == 0:
         print(f"load average {bench._loads(load_before)} before, {bench._loads(os.getloadavg())} after")
         print(f"| size | {bench.OURS} | {GENERAL} | {NO_WRAPPER} | {RAW} | ours/general | ours/raw |")
