@@ -122,8 +122,8 @@ def allreduce_runs(nbytes: int, ours: dist.ProcessGroup, comm) -> dict[str, Call
     ours_tensor = torch.ones(elements)
     gloo_tensor = torch.ones(elements)
     raw_array = np.ones(elements, dtype=np.float32)
-    # numpy backs large arrays with transparent huge pages, torch's allocator does not by default; single-copy
-    # transfers pin every page, so the memory alone can make a difference. Same memory as ours: the backend's cost.
+    # Raw MPI on memory torch allocated, as ours uses: the ratio to it is the backend's own cost. (The numpy
+    # column was once thought faster for its huge pages; a direct test did not confirm it, see the README.)
     same_memory_array = torch.ones(elements).numpy()
     return {
         OURS: lambda: dist.all_reduce(ours_tensor, group=ours),
