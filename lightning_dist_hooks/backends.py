@@ -7,6 +7,7 @@ A wrong backend name otherwise surfaces minutes later, inside every rank, as a C
 from __future__ import annotations
 
 import logging
+import os
 from typing import Optional
 
 import torch
@@ -121,6 +122,8 @@ def check_mpi_launch(backend: str | None, init_method: str | None, num_devices: 
     flag = f"torch_dist_backend={backend!r}" if uses_backend else f"torch_dist_init_method={init_method!r}"
     expected = num_devices * num_nodes
     launch = mpi.detect_mpi_launch()
+    if launch is None and "PMIX_RANK" in os.environ:
+        return  # a PMIx launcher (srun --mpi=pmix) exports the rank but no job size to compare with
     if launch is None:
         raise ValueError(
             f"{flag} needs every rank started by an MPI launcher, but this process was not (no variable of Open MPI, "

@@ -84,3 +84,11 @@ def test_mpi_job_of_another_size_than_the_trainer_names_both(monkeypatch):
                                          r"MPI launcher started 3 \(torch_dist_backend='mpi4py'\)\. Start the job "
                                          r"with `mpirun -n 2`, or set devices x num_nodes to 3\."):
         Trainer(accelerator="cpu", devices=2, strategy="ddp", torch_dist_backend="mpi", logger=False)
+
+
+@pytest.mark.skipif(not mpi.is_available(), reason="needs mpi4py")
+def test_mpi_under_a_pmix_launcher_is_accepted(monkeypatch):
+    # srun --mpi=pmix sets PMIX_RANK (and SLURM's variables), none of the MPI launchers' rank/size pairs.
+    monkeypatch.setenv("PMIX_RANK", "0")
+    trainer = Trainer(accelerator="cpu", devices=2, strategy="ddp", torch_dist_backend="mpi", logger=False)
+    assert trainer.torch_dist_backend == "mpi4py"
