@@ -211,6 +211,19 @@ def test_watchdog_aborts_a_collective_another_rank_skipped(mode: str) -> None:
 
 
 @needs_mpi
+def test_an_mpi_error_ends_the_job_at_once_saying_so() -> None:
+    completed = run_mpi(SCRIPTS / "mpi_error_job.py")
+    ended = time.time()
+    assert completed.returncode != 0, completed.stdout[-6000:]
+    started = re.search(r"broadcasting since ([\d.]+)", completed.stdout)
+    assert started, completed.stdout[-6000:]
+    assert ended - float(started.group(1)) <= WATCHDOG_MARGIN_S  # the 600 s timeout plays no part
+    assert re.search(r"rank \d: broadcast from rank 7 of float32\[4\] on the default process group failed with an MPI "
+                     r"error \(.*MPI_ERR_ROOT", completed.stdout), completed.stdout[-6000:]
+    assert "from an invalid root returned" not in completed.stdout
+
+
+@needs_mpi
 def test_lightning_trainer_fits_on_the_mpi4py_backend(tmp_path: Path) -> None:
     completed = run_mpi(SCRIPTS / "lightning_fit.py", str(tmp_path))
     assert completed.returncode == 0, completed.stdout[-8000:]

@@ -317,6 +317,7 @@ class ProgressEngine:
     def _abort_failed(self, deadline: Deadline, error: BaseException) -> None:
         abort_job(
             self._mpi,
-            f"{deadline.describe()} on {deadline.group} failed with an MPI error ({error}): a peer process died or "
-            "its connection broke. The job is ended with MPI_Abort.",
+            f"{deadline.describe()} on {deadline.group} failed with an MPI error ({error}). The other ranks cannot "
+            "complete it now (most often a peer process died or its connection broke), so the job is ended with "
+            "MPI_Abort.",
         )
