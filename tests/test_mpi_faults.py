@@ -11,11 +11,7 @@ import sys
 import time
 from pathlib import Path
 
-import pytest
-
-from conftest import FIT_JOB, run_command
-from test_launchers import OPENMPI_RUN
-from test_mpi_trainer import needs_mpi
+from helpers import FIT_JOB, needs_mpi, openmpi_run, run_command
 
 TIMEOUT_S = 600
 ENDS_WITHIN_S = 30
@@ -37,9 +33,7 @@ def _processes_mentioning(marker: str) -> list[str]:
 
 def run_failing_job(tmp_path: Path, *flags: str, ranks: int = 2):
     out_dir = tmp_path / "out"
-    openmpi_run = [*OPENMPI_RUN]
-    openmpi_run[openmpi_run.index("-n") + 1] = str(ranks)
-    command = ["timeout", "-k", "10", str(JOB_LIMIT_S), *openmpi_run, sys.executable, str(FIT_JOB),
+    command = ["timeout", "-k", "10", str(JOB_LIMIT_S), *openmpi_run(ranks), sys.executable, str(FIT_JOB),
                "--out", str(out_dir), "--backend", "mpi", "--strategy", "ddp-instance", "--timeout", str(TIMEOUT_S),
                *flags]
     result = run_command(command, cwd=tmp_path, out_dir=out_dir, timeout=JOB_LIMIT_S + 30)
