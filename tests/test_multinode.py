@@ -227,7 +227,7 @@ def test_openmpi_mpirun_over_a_host_file(cluster, tmp_path, rendezvous_dir, kind
 @needs_openmpi
 @pytest.mark.parametrize("mapping, devices, expected", [
     # Round-robin: ranks 0 and 2 on node 0. Derived node ranks would be wrong, so the ranks that notice refuse.
-    ("node", DEVICES, "placed round-robin"),
+    ("node", DEVICES, "round-robin"),
     # 2 ranks per node, but devices=1: Lightning would think it has 2 nodes of 1 device.
     (f"ppr:{DEVICES}:node", 1, "devices=1"),
 ])
