@@ -20,6 +20,7 @@ import os
 import re
 import shutil
 import signal
+import subprocess
 import socket
 import sys
 import time
@@ -282,3 +283,58 @@ def test_sbatch_on_two_nodes_with_a_per_job_file(slurm, tmp_path, rendezvous_dir
     result.output += "".join(log.read_text()[-6000:] for log in tmp_path.glob("slurm-*.out"))
     assert_multinode_fit(result, "SLURMEnvironment", init_method, rendezvous_dir)
     assert "SLURM_JOB_ID-" in result.ranks[0]["setup_calls"][0]["init_method"]
+
+
+# ---------------------------------------------------------------- faults across nodes
+
+FAULT_TIMEOUT_S = 15
+# Starting Python and importing torch and Lightning on 4 ranks of a loaded 2-core machine, and the launchers'
+# own shutdown: what a time bound must allow beyond the process-group timeout.
+MARGIN_S = 45
+
+
+def test_a_node_that_never_starts_is_named_by_rank_0(cluster, tmp_path, rendezvous_dir):
+    flags = fit_flags(tmp_path / "out", init_method_url("file-name", rendezvous_dir, 0))
+    flags[flags.index("--timeout") + 1] = str(FAULT_TIMEOUT_S)
+    started = time.monotonic()
+    result = lightning_per_node(tmp_path, flags, nodes=NODES[:1], timeout=FAULT_TIMEOUT_S + MARGIN_S + 30)
+    elapsed = time.monotonic() - started
+    assert result.returncode not in (0, 124), result.output[-4000:]
+    assert elapsed < FAULT_TIMEOUT_S + MARGIN_S
+    assert "rank 0 of 4 timed out after 15 s" in result.output and "ranks that never arrived: [2, 3]" in result.output, \
+        result.output[-4000:]
+    assert sorted(rendezvous_dir.iterdir()) == []
+
+
+def test_a_node_whose_network_goes_down_mid_fit_ends_every_rank(cluster, tmp_path, rendezvous_dir):
+    marker = tmp_path / "training"
+    # The process-group timeout (PG_TIMEOUT_S) also bounds the rendezvous, which must survive a slow start.
+    flags = [*fit_flags(tmp_path / "out", "env://"), "--training-marker", str(marker), "--step-seconds", "0.5"]
+    flags[flags.index("--epochs") + 1] = "100"
+    port = str(next(_ports))
+    commands = {node.name: node.command(["env", f"NODE_RANK={node.index}", f"MASTER_ADDR={MAIN.address}",
+                                         f"MASTER_PORT={port}", sys.executable, str(FIT_JOB), *flags])
+                for node in NODES}
+    processes = start_on_nodes(commands, cwd=tmp_path, env=environment())
+    try:
+        deadline = time.monotonic() + JOB_TIMEOUT_S
+        while not all(Path(f"{marker}.rank{rank}").exists() for rank in range(WORLD_SIZE)):
+            assert time.monotonic() < deadline and all(p.poll() is None for p in processes.processes.values()), \
+                processes.output()
+            time.sleep(0.2)
+        subprocess.run(["ip", "-n", NODES[1].name, "link", "set", "eth0", "down"], check=True)
+        cut = time.monotonic()
+        codes = processes.wait(PG_TIMEOUT_S + MARGIN_S)
+        elapsed = time.monotonic() - cut
+    finally:
+        processes.kill()
+        subprocess.run(["ip", "-n", NODES[1].name, "link", "set", "eth0", "up"], check=True)
+    output = processes.output()
+    assert all(code not in (0, None) for code in codes.values()), f"{codes}\n{output[-6000:]}"
+    # The collective's timeout, then at most 2 * 5 s + 1 s asking who is still there (lightning_dist_hooks.lost_peers).
+    assert elapsed < PG_TIMEOUT_S + 11 + 20, output[-6000:]
+    node0, node1 = (processes.logs[node.name].read_text() for node in NODES)
+    # Node 0 holds rank 0's store: its ranks see who stopped answering. Node 1's ranks cannot reach that store.
+    for rank in (0, 1):
+        assert f"rank {rank} of 4 lost contact with ranks [2, 3]" in node0, node0[-6000:]
+    assert "lost contact with rank 0: the rendezvous store rank 0 holds did not answer" in node1, node1[-6000:]
