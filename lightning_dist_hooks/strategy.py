@@ -19,7 +19,7 @@ from lightning_dist_hooks import _lightning_internals
 from lightning_dist_hooks.backends import check_backend_fits_devices, register_if_mpi4py
 from lightning_dist_hooks.config import ProcessGroupConfig
 from lightning_dist_hooks.hooks import user_hook
-from lightning_dist_hooks.lost_peers import is_lost_contact, lost_peers_message
+from lightning_dist_hooks.lost_peers import is_collective_timeout, lost_peers_message
 from lightning_dist_hooks.process_group import create_process_group
 
 log = logging.getLogger(__name__)
@@ -45,8 +45,8 @@ def _setup_environment(self: Any) -> None:
 
 
 def _on_exception(self: Any, exception: BaseException) -> None:
-    """``on_exception`` of a hooked strategy: when a collective lost its peers, say which, before the rank ends."""
-    if _takes_over(self) and self.world_size > 1 and is_lost_contact(exception):
+    """``on_exception`` of a hooked strategy: when a collective timed out, say which peers are lost, before the rank ends."""
+    if _takes_over(self) and self.world_size > 1 and is_collective_timeout(exception):
         message = lost_peers_message(self.global_rank, self.world_size)
         if message is not None:
             log.error(message)
