@@ -7,7 +7,7 @@ the wrong interface, node ranks derived wrongly, per-job names that differ betwe
 Each launcher runs ``env://`` (each derives the main address and port its own way) and ``file:///DIR/`` (each
 names the job its own way). ``tcp://NODE0:PORT`` and ``file:///DIR/name`` need nothing from the launcher, so
 they run where a launcher could still break them: Lightning's launcher (a process per node, none shares a parent)
-and torchrun (whose agent store hijacks ``tcp://``) for ``tcp://``, Lightning's launcher and mpirun for
+and torchrun (whose agent store hijacks ``tcp://``) for ``tcp://``, Lightning's launcher for
 ``file:///DIR/name``. ``mpi://`` runs under mpirun with the MPI transport over the ``tcp`` BTL.
 Every job runs 2 ranks per node (4 in all), so node rank and local rank both vary.
 """
@@ -212,8 +212,7 @@ def openmpi_command(tmp_path: Path, mapping: str = f"ppr:{DEVICES}:node", *, np:
 
 
 @needs_openmpi
-@pytest.mark.parametrize("kind, backend", [("env", "gloo"), ("file-dir", "gloo"), ("file-name", "gloo"),
-                                           ("mpi", "mpi")])
+@pytest.mark.parametrize("kind, backend", [("env", "gloo"), ("file-dir", "gloo"), ("mpi", "mpi")])
 def test_openmpi_mpirun_over_a_host_file(cluster, tmp_path, rendezvous_dir, kind, backend):
     init_method = init_method_url(kind, rendezvous_dir, next(_ports))
     # env://: OpenMPI gives no main address for more than one node; MASTER_ADDR names node 0 (the port is derived).
