@@ -144,7 +144,7 @@ class LauncherEnvironment(ClusterEnvironment):
         return identity_from(cls.variables.identity)
 
 
-def check_launch_matches_trainer(environment: SchedulerEnvironment, num_devices: int, num_nodes: int) -> None:
+def check_launch_matches_trainer(environment: LauncherEnvironment, num_devices: int, num_nodes: int) -> None:
     """Raise ``ValueError`` unless the launch has ``num_devices * num_nodes`` ranks, ``num_devices`` on this node,
     placed in blocks (ranks ``n*k .. n*k+k-1`` on node ``n``) where the node rank is derived from the rank.
 
@@ -155,11 +155,12 @@ def check_launch_matches_trainer(environment: SchedulerEnvironment, num_devices:
     world_size = environment.world_size()
     if world_size != num_devices * num_nodes:
         raise ValueError(
-            f"{name}: the launcher started {world_size} processes ({environment.world_size_variable}={world_size}), "
+            f"{name}: the launcher started {world_size} processes ({environment.variables.world_size}={world_size}), "
             f"but the Trainer has devices={num_devices} and num_nodes={num_nodes}, i.e. {num_devices * num_nodes}. "
             f"Start {num_devices} processes on each of {num_nodes} nodes, or set devices and num_nodes to match."
         )
-    if environment.node_rank_variable is not None and environment.node_rank_variable in os.environ:
+    node_rank = environment.variables.node_rank
+    if node_rank is not None and node_rank in os.environ:
         return  # the launcher names the node: nothing is derived
     ranks_per_node = environment._ranks_per_node()
     if ranks_per_node != num_devices:

@@ -1,4 +1,4 @@
-"""After a collective fails: which ranks this rank lost, asked through the rendezvous store.
+"""After a collective times out: which ranks this rank lost, asked through the rendezvous store.
 
 gloo says only "Timed out waiting 15000ms for recv operation to complete" when a peer's node dies or its network
 goes down, not which peer. The store every rank met through is still there (on rank 0, or a shared file), so

@@ -29,8 +29,7 @@ from pathlib import Path
 import pytest
 
 from cluster import CLUSTER_RSH, NODE_ADDRESSES, NODES, EmulatedCluster, start_on_nodes
-from conftest import FIT_JOB, JobResult, job_environment, run_command
-from test_faults import processes_mentioning
+from helpers import FIT_JOB, JobResult, job_environment, run_command
 
 DEVICES = 2  # ranks per node
 WORLD_SIZE = DEVICES * len(NODES)
@@ -59,6 +58,18 @@ def slurm(cluster: EmulatedCluster) -> EmulatedCluster:
     return cluster
 
 
+def processes_mentioning(text: str) -> dict[int, str]:
+    found = {}
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            command = cmdline.read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue  # exited while we looked
+        if text in command:
+            found[int(cmdline.parent.name)] = command
+    return found
+
+
 def wait_until_no_process_mentions(text: str, within_s: float = 15) -> dict[int, str]:
     """Poll until no process mentions ``text``; kill and return those still there after ``within_s``."""
     deadline = time.monotonic() + within_s
@@ -70,13 +81,6 @@ def wait_until_no_process_mentions(text: str, within_s: float = 15) -> dict[int,
         except ProcessLookupError:
             pass
     return alive
-
-
-@pytest.fixture
-def rendezvous_dir(tmp_path: Path) -> Path:
-    directory = tmp_path / "rendezvous"
-    directory.mkdir()
-    return directory
 
 
 def environment(**overrides: str) -> dict[str, str]:
