@@ -38,8 +38,9 @@ def is_collective_timeout(error: BaseException) -> bool:
 def lost_peers_message(rank: int, world_size: int, wait_s: float = ANSWER_WAIT_S) -> Optional[str]:
     """Ask every rank through the default group's store who is still there; None without a store (``mpi://``).
 
-    >>> lost_peers_message(0, 4)  # doctest: +SKIP
-    'rank 0 of 4 lost contact with ranks [2, 3]: they did not answer through the rendezvous store within 5 s ...'
+    On rank 0 of 4 whose peers on another node were cut off::
+
+        'rank 0 of 4 lost contact with ranks [2, 3]: they did not answer through the rendezvous store within 5 s ...'
     """
     store = _default_store()
     if store is None:
