@@ -101,6 +101,14 @@ class LauncherEnvironment(ClusterEnvironment):
             return max(1, _int_variable(local_size))
         return self.world_size()  # nothing says otherwise: one node
 
+    def validate_settings(self, num_devices: int, num_nodes: int) -> None:
+        """Check the launcher's sizes and placement against ``Trainer(devices=..., num_nodes=...)`` at start-up.
+
+        Lightning calls this on every rank before the process group exists, as for its own environments. A
+        mismatch raises ``ValueError`` naming both numbers: the derived node rank would be silently wrong.
+        """
+        check_launch_matches_trainer(self, num_devices, num_nodes)
+
     def _all_ranks_on_this_node(self) -> bool:
         return self._ranks_per_node() >= self.world_size()
 
@@ -134,6 +142,41 @@ class LauncherEnvironment(ClusterEnvironment):
     def job_identity(cls) -> Optional[str]:
         """A name for this launch that every rank derives from its own environment, or None."""
         return identity_from(cls.variables.identity)
+
+
+def check_launch_matches_trainer(environment: LauncherEnvironment, num_devices: int, num_nodes: int) -> None:
+    """Raise ``ValueError`` unless the launch has ``num_devices * num_nodes`` ranks, ``num_devices`` on this node,
+    placed in blocks (ranks ``n*k .. n*k+k-1`` on node ``n``) where the node rank is derived from the rank.
+
+    A round-robin placement (``mpirun --map-by node``) shows on a rank whose local rank differs from
+    ``global_rank % ranks_per_node``; the launcher then stops the ranks that could not tell.
+    """
+    name = type(environment).__name__
+    world_size = environment.world_size()
+    if world_size != num_devices * num_nodes:
+        raise ValueError(
+            f"{name}: the launcher started {world_size} processes ({environment.variables.world_size}={world_size}), "
+            f"but the Trainer has devices={num_devices} and num_nodes={num_nodes}, i.e. {num_devices * num_nodes}. "
+            f"Start {num_devices} processes on each of {num_nodes} nodes, or set devices and num_nodes to match."
+        )
+    node_rank = environment.variables.node_rank
+    if node_rank is not None and node_rank in os.environ:
+        return  # the launcher names the node: nothing is derived
+    ranks_per_node = environment._ranks_per_node()
+    if ranks_per_node != num_devices:
+        raise ValueError(
+            f"{name}: the launcher placed {ranks_per_node} processes on each node, but the Trainer has "
+            f"devices={num_devices}. Set devices={ranks_per_node}, or start {num_devices} processes per node "
+            f"(e.g. mpirun --map-by ppr:{num_devices}:node)."
+        )
+    rank, local_rank = environment.global_rank(), environment.local_rank()
+    if local_rank != rank % ranks_per_node:
+        raise ValueError(
+            f"{name}: rank {rank} has local rank {local_rank}, but with {ranks_per_node} consecutive ranks per node "
+            f"it would have local rank {rank % ranks_per_node}: the launcher placed the ranks round-robin "
+            f"(e.g. mpirun --map-by node), so the node rank cannot be derived. Place consecutive ranks on each node: "
+            f"mpirun --map-by ppr:{num_devices}:node."
+        )
 
 
 def identity_from(alternatives: tuple[tuple[str, ...], ...]) -> Optional[str]:

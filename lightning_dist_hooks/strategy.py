@@ -9,6 +9,7 @@ group initialised and skips its own ``env://`` bootstrap, which it does by desig
 
 from __future__ import annotations
 
+import logging
 from typing import Any, Callable
 
 import torch.distributed
@@ -18,28 +19,40 @@ from lightning_dist_hooks import _lightning_internals
 from lightning_dist_hooks.backends import check_backend_fits_devices, register_if_mpi4py
 from lightning_dist_hooks.config import ProcessGroupConfig
 from lightning_dist_hooks.hooks import user_hook
+from lightning_dist_hooks.lost_peers import is_collective_timeout, lost_peers_message
 from lightning_dist_hooks.mpi._abort import note_failure
 from lightning_dist_hooks.process_group import create_process_group
+
+log = logging.getLogger(__name__)
 
 # Strategies whose setup creates the default process group through Lightning's ``_init_dist_connection``.
 # DeepSpeedStrategy subclasses DDPStrategy; DeepSpeed skips its own bootstrap when a group already exists.
 PROCESS_GROUP_STRATEGIES = (DDPStrategy, FSDPStrategy, ModelParallelStrategy)
 
 
+def _takes_over(strategy: Any) -> bool:
+    """Whether the flags or the hook make the process group ours; otherwise everything stays Lightning's."""
+    config: ProcessGroupConfig = strategy._process_group_config
+    return not config.is_default or user_hook(strategy.lightning_module, "setup_distributed_backend") is not None
+
+
 def _setup_environment(self: Any) -> None:
     """``setup_environment`` of a hooked strategy: our process group first, then the strategy's own setup."""
-    config: ProcessGroupConfig = self._process_group_config
     register_if_mpi4py(_lightning_internals.requested_process_group_backend(self))
     note_failure(None)  # a new run: an exception an earlier run stopped on was handled
-    takes_over = not config.is_default or user_hook(self.lightning_module, "setup_distributed_backend") is not None
-    if takes_over and not torch.distributed.is_initialized():
+    if _takes_over(self) and not torch.distributed.is_initialized():
         self.set_world_ranks()
-        create_process_group(self, config.init_method)
+        create_process_group(self, self._process_group_config.init_method)
     self._unhooked_class.setup_environment(self)
 
 
 def _on_exception(self: Any, exception: BaseException) -> None:
-    """``on_exception`` of a hooked strategy: under MPI, a rank exiting after this ends the job at once."""
+    """``on_exception`` of a hooked strategy: name the peers lost after a collective timeout; under MPI, make a rank
+    exiting after this end the job at once."""
+    if _takes_over(self) and self.world_size > 1 and is_collective_timeout(exception):
+        message = lost_peers_message(self.global_rank, self.world_size)
+        if message is not None:
+            log.error(message)
     self._unhooked_class.on_exception(self, exception)
     note_failure(exception)
 

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 import helpers
+from cluster import EmulatedCluster, cluster_down, cluster_up
 from helpers import FIT_JOB, REPO, JobResult, run_command
 
 # Scripts that the tests run as jobs (under mpirun, or as a rank): --doctest-modules must not import them here.
@@ -80,3 +81,21 @@ def slurm_cluster():
     yield state_dir
     if started_here:
         subprocess.run(["bash", str(REPO / ".ci" / "slurm-down.sh")], capture_output=True, timeout=120)
+
+
+@pytest.fixture(scope="session")
+def emulated_cluster():
+    """Two emulated nodes (.ci/cluster-up.sh), with a SLURM of them when SLURM is installed; removed at the end of
+    the session, whatever the tests did (leftovers of a killed session are removed first)."""
+    if os.geteuid() != 0:
+        pytest.skip("the emulated cluster (.ci/cluster-up.sh) creates network namespaces, which needs root")
+    missing = [command for command in ("ip", "nsenter", "unshare") if shutil.which(command) is None]
+    if missing:
+        pytest.skip(f"the emulated cluster needs {', '.join(missing)} (.ci/install installs iproute2 and util-linux)")
+    slurm = all(shutil.which(command) for command in ("srun", "sbatch", "slurmctld", "slurmd", "munged"))
+    directory = Path(os.environ.get("LDH_CLUSTER_DIR", "/tmp/ldh-cluster"))
+    cluster = cluster_up(directory, slurm=slurm)
+    try:
+        yield cluster
+    finally:
+        cluster_down(directory)

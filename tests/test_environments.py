@@ -122,6 +122,31 @@ def test_env_main_address_on_several_nodes_needs_master_addr_or_file(launcher_en
     assert (OpenMPIEnvironment().main_address, OpenMPIEnvironment().main_port) == ("10.1.2.3", 29400)
 
 
+@pytest.mark.parametrize(
+    "environment, variables, devices, num_nodes, error",
+    [
+        (OpenMPIEnvironment, OPENMPI, 2, 4, None),  # rank 3, local rank 1 of 2: block placement
+        (FluxEnvironment, FLUX, 2, 4, None),
+        (PALSEnvironment, {**PALS, "PALS_LOCAL_RANKID": "0"}, 2, 4, None),  # PALS names the node: nothing derived
+        (OpenMPIEnvironment, OPENMPI, 2, 2, r"started 8 processes \(OMPI_COMM_WORLD_SIZE=8\).*devices=2 and num_nodes=2, i.e. 4"),
+        (OpenMPIEnvironment, OPENMPI, 4, 2, r"placed 2 processes on each node, but the Trainer has devices=4"),
+        (FluxEnvironment, FLUX, 1, 8, r"placed 2 processes on each node, but the Trainer has devices=1"),
+        # mpirun --map-by node on 4 nodes of 2: rank 3 is the second rank of node 3, not of node 1.
+        (OpenMPIEnvironment, {**OPENMPI, "OMPI_COMM_WORLD_LOCAL_RANK": "0"}, 2, 4,
+         r"rank 3 has local rank 0, but with 2 consecutive ranks per node it would have local rank 1.*round-robin"),
+        (HydraEnvironment, {**HYDRA, "MPI_LOCALRANKID": "0"}, 2, 4, r"round-robin.*ppr:2:node"),
+    ],
+)
+def test_launch_placement_and_sizes_are_checked_against_devices_and_num_nodes(launcher_env, environment, variables,
+                                                                              devices, num_nodes, error):
+    launcher_env(variables)
+    if error is None:
+        environment().validate_settings(num_devices=devices, num_nodes=num_nodes)
+    else:
+        with pytest.raises(ValueError, match=error):
+            environment().validate_settings(num_devices=devices, num_nodes=num_nodes)
+
+
 def test_main_port_derives_from_the_job_and_pals_address_from_the_nodefile(launcher_env, tmp_path):
     nodefile = tmp_path / "nodefile"
     nodefile.write_text("x1000c0s0b0n0\nx1000c0s0b0n1\n")

@@ -10,6 +10,7 @@ import argparse
 import hashlib
 import json
 import os
+import socket
 import time
 from datetime import timedelta
 from pathlib import Path
@@ -21,7 +22,7 @@ from pytorch_lightning.strategies import DDPStrategy, ModelParallelStrategy
 from torch.utils.data import DataLoader, Dataset, Sampler
 
 import lightning_dist_hooks
-from sockets import listening_tcp_ports
+from sockets import established_ipv4_connections, listening_tcp_ports
 from lightning_dist_hooks.environments import LAUNCHER_ENVIRONMENTS
 
 DATASET_SIZE = 24
@@ -83,6 +84,9 @@ class JobModule(pl.LightningModule):
     def on_train_batch_start(self, batch, batch_idx) -> None:
         if self.global_step == self.args.die_at_step and self.global_rank == self.args.die_rank:
             os._exit(1)  # an abrupt death: no exception, no finalizers, no teardown (as a crash or the OOM killer)
+        if self.args.training_marker and self.global_step == 0:
+            Path(f"{self.args.training_marker}.rank{self.global_rank}").touch()
+        time.sleep(self.args.step_seconds)
 
     def validation_step(self, batch, batch_idx):
         loss = self._record_batch("validate", batch)
@@ -132,6 +136,9 @@ class JobModule(pl.LightningModule):
             "local_rank": self.local_rank,
             "node_rank": self.trainer.node_rank,
             "pid": os.getpid(),
+            "hostname": socket.gethostname(),
+            "master_addr": os.environ.get("MASTER_ADDR"),
+            "tcp_connections": established_ipv4_connections(os.getpid()),
             "listening_tcp_ports": sorted(listening_tcp_ports(os.getpid())),
         }
         out = Path(self.args.out)
@@ -306,6 +313,8 @@ def main() -> None:
     parser.add_argument("--die-rank", type=int, default=1)
     parser.add_argument("--swallow-errors", action="store_true",
                         help="catch an exception from the trainer and exit normally, as a script that logs it might")
+    parser.add_argument("--training-marker", help="each rank touches MARKER.rank<R> when its first training step starts")
+    parser.add_argument("--step-seconds", type=float, default=0.0, help="sleep this long in every training step")
     parser.add_argument("--cluster-environment", choices=sorted(ENVIRONMENTS),
                         help="pass this environment in plugins=[...] instead of letting the Trainer detect one")
     parser.add_argument("--out", required=True)

@@ -3,11 +3,29 @@
 from __future__ import annotations
 
 import os
+import socket
 from pathlib import Path
+
+
+_LISTEN, _ESTABLISHED = "0A", "01"  # TCP states as /proc/net/tcp writes them
 
 
 def listening_tcp_ports(pid: int) -> set[int]:
     """Ports of the TCP sockets in LISTEN state that process ``pid`` holds (IPv4 and IPv6)."""
+    return {int(local.rsplit(":", 1)[1], 16) for local, _, state in _tcp_sockets(pid) if state == _LISTEN}
+
+
+def established_ipv4_connections(pid: int) -> list[tuple[str, str]]:
+    """``(local "ADDRESS:PORT", remote "ADDRESS:PORT")`` of every established IPv4 TCP connection ``pid`` holds.
+
+    /proc/PID/net/tcp lists the whole network namespace; only sockets this process holds are kept.
+    """
+    return sorted((_ipv4(local), _ipv4(remote)) for local, remote, state in _tcp_sockets(pid, ("tcp",))
+                  if state == _ESTABLISHED)
+
+
+def _tcp_sockets(pid: int, tables: tuple[str, ...] = ("tcp", "tcp6")) -> list[tuple[str, str, str]]:
+    """(local, remote, state) in /proc's hex notation for the TCP sockets that process ``pid`` holds."""
     inodes = set()
     for descriptor in Path(f"/proc/{pid}/fd").iterdir():
         try:
@@ -16,11 +34,16 @@ def listening_tcp_ports(pid: int) -> set[int]:
             continue
         if target.startswith("socket:["):
             inodes.add(target[len("socket:[") : -1])
-    ports = set()
-    for table in ("tcp", "tcp6"):
+    sockets = []
+    for table in tables:
         for line in Path(f"/proc/{pid}/net/{table}").read_text().splitlines()[1:]:
             fields = line.split()
-            local_address, state, inode = fields[1], fields[3], fields[9]
-            if state == "0A" and inode in inodes:  # 0A: TCP_LISTEN
-                ports.add(int(local_address.rsplit(":", 1)[1], 16))
-    return ports
+            if fields[9] in inodes:
+                sockets.append((fields[1], fields[2], fields[3]))
+    return sockets
+
+
+def _ipv4(hex_address: str) -> str:
+    """/proc/net/tcp's "0100007F:1F90" (little-endian address, port) as "127.0.0.1:8080"."""
+    address, port = hex_address.split(":")
+    return f"{socket.inet_ntoa(bytes.fromhex(address)[::-1])}:{int(port, 16)}"
