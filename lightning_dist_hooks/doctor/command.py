@@ -20,6 +20,7 @@ import logging
 import os
 import socket
 import sys
+import threading
 from datetime import timedelta
 from pathlib import Path
 from typing import Any, Optional
@@ -48,6 +49,8 @@ from lightning_dist_hooks.trainer import Trainer
 
 # The live line: sooner and more often than a training job's reports, the doctor's timeout being short.
 LIVE_LINE_SCHEDULE = progress.ReportSchedule(first=(5.0,), every=5.0)
+# After --timeout plus this, a rank that is still waiting reports what it found and exits 1.
+DEADLINE_GRACE_S = 20.0
 
 
 def parse_arguments(argv: Optional[list[str]]) -> argparse.Namespace:
@@ -217,6 +220,9 @@ def main(argv: Optional[list[str]] = None) -> int:
     progress.schedule = LIVE_LINE_SCHEDULE
     checkup = Checkup(args)
     checkup.check_before_trainer()
+    deadline = threading.Timer(args.timeout + DEADLINE_GRACE_S, _give_up, args=(checkup, args.timeout))
+    deadline.daemon = True
+    deadline.start()
     try:
         trainer = Trainer(
             accelerator=args.accelerator, devices=checkup.devices, num_nodes=checkup.num_nodes,
@@ -228,9 +234,21 @@ def main(argv: Optional[list[str]] = None) -> int:
     except Exception as error:
         checkup.report_failure(error)
     finally:
+        deadline.cancel()
         if checkup.token is not None:
             checkup.token.unlink(missing_ok=True)
     return checkup.exit_code if checkup.exit_code is not None else 1
+
+
+def _give_up(checkup: Checkup, timeout_s: float) -> None:
+    # Some waits have no timeout of their own: torch's TCPStore client waits forever on a port whose holder
+    # accepts connections but never answers (a port in use by another program).
+    checkup.report_failure(TimeoutError(
+        f"no result {timeout_s + DEADLINE_GRACE_S:g} s after start (--timeout {timeout_s:g} s plus "
+        f"{DEADLINE_GRACE_S:g} s): this rank is stuck in a wait without a timeout of its own"))
+    if checkup.token is not None:
+        checkup.token.unlink(missing_ok=True)
+    os._exit(1)
 
 
 def _leave_token(file: Path, rank: int) -> Path:
