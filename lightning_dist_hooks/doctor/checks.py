@@ -221,8 +221,8 @@ def check_tokens(directory: Path, seen: list[int], world_size: int) -> Verdict:
     if missing:
         return Verdict(
             "shared-directory", FAIL,
-            f"{directory} holds the doctor's tokens of ranks {seen} only: ranks {missing} never started, or wrote "
-            "theirs to a different directory of that name on their node",
+            f"{directory} holds the doctor's tokens of ranks {seen} only: ranks {missing} never started, gave up "
+            "already, or wrote theirs to a different directory of that name on their node",
             f"if those ranks started (see their output), {directory} is not the same directory on every node (a "
             "node-local /tmp?): use a directory on a filesystem every node mounts")
     return Verdict("shared-directory", OK, f"every rank sees the same {directory}")
