@@ -3,7 +3,7 @@
 Each test starts the doctor as a user would (alone with ``--devices 2`` for Lightning's launcher, torchrun,
 OpenMPI's mpirun, srun), then asserts the exit code and the verdict text. Faults are real: a port held by another
 process, a directory mounted differently for one rank (a mount namespace), a shadowed mpi4py, a launcher layout that
-differs from ``--devices``, a host with two interfaces (a network namespace with dummy interfaces on 198.18.0.0/24).
+differs from ``--devices``, a host with two interfaces (a network namespace with a veth pair on 198.18.0.0/23).
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from conftest import job_environment
 from test_launchers import OPENMPI_RUN, slurm_environment
 
 DOCTOR = [sys.executable, "-m", "lightning_dist_hooks", "doctor"]
+TORCHRUN = (sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", "--no-python")
 # Long enough for a rank started late to find the other still waiting (imports take seconds on a busy 2-core CI);
 # short where a test waits for the rendezvous to fail.
 TIMEOUT_S = 60
@@ -103,7 +104,7 @@ def test_lightning_launcher_healthy_json_names_the_store_socket(tmp_path, free_p
 
 def test_torchrun(tmp_path, rendezvous_dir):
     run = run_doctor("--init-method", f"file://{rendezvous_dir}/", "--json", cwd=tmp_path,
-                     launcher=(sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"))
+                     launcher=TORCHRUN)
     assert_healthy(run, "TorchElasticEnvironment", rendezvous_dir)
 
 
@@ -124,7 +125,7 @@ def test_srun(slurm_cluster, tmp_path, rendezvous_dir):
 def test_tasks_per_node_different_from_devices(tmp_path):
     # torchrun starts 2 processes; the job asks for 3 devices. The doctor still meets with the 2 that exist.
     run = run_doctor("--devices", "3", "--json", cwd=tmp_path,
-                     launcher=(sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"))
+                     launcher=TORCHRUN)
     assert run.returncode == 1, run.output[-6000:]
     verdict = run.verdicts()["tasks-per-node"]
     assert verdict["status"] == "fail"
@@ -136,7 +137,7 @@ def test_tasks_per_node_different_from_devices(tmp_path):
 
 def test_node_count_different_from_num_nodes(tmp_path):
     run = run_doctor("--num-nodes", "2", "--json", cwd=tmp_path,
-                     launcher=(sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"))
+                     launcher=TORCHRUN)
     assert run.returncode == 1, run.output[-6000:]
     verdict = run.verdicts()["nodes"]
     assert verdict["message"] == ("the launcher started processes on 1 nodes (LOCAL_WORLD_SIZE=2, WORLD_SIZE=2), but "
@@ -144,7 +145,8 @@ def test_node_count_different_from_num_nodes(tmp_path):
 
 
 def test_main_port_in_use_gives_its_verdict_although_the_rendezvous_fails(tmp_path, busy_port):
-    run = run_doctor("--devices", "2", "--init-method", f"tcp://127.0.0.1:{busy_port}", cwd=tmp_path)
+    run = run_doctor("--devices", "2", "--init-method", f"tcp://127.0.0.1:{busy_port}", cwd=tmp_path,
+                     timeout_s=FAILING_TIMEOUT_S)
     assert run.returncode == 1, run.output[-6000:]
     assert "no rendezvous, so these are this rank's own findings only" in run.stdout
     assert (f"FAIL  main-port: port {busy_port}, where rank 0's store must listen, is already in use on its host, "
@@ -223,9 +225,10 @@ def test_a_rendezvous_directory_that_differs_between_nodes(tmp_path, rendezvous_
 @pytest.mark.skipif(shutil.which("unshare") is None or shutil.which("ip") is None or os.geteuid() != 0,
                     reason="needs root, unshare and ip")
 def test_several_interfaces_without_gloo_socket_ifname_is_a_warning(tmp_path):
-    network = ("ip link set lo up && ip link add ldhd0 type dummy && ip addr add 198.18.0.1/24 dev ldhd0 && "
-               "ip link set ldhd0 up && ip link add ldhd1 type dummy && ip addr add 198.18.1.1/24 dev ldhd1 && "
-               'ip link set ldhd1 up && exec "$@"')
+    # A veth pair, both ends in the new namespace: two interfaces with an address each, connected to nothing else.
+    network = ("ip link set lo up && ip link add ldhd0 type veth peer name ldhd1 && "
+               "ip addr add 198.18.0.1/24 dev ldhd0 && ip addr add 198.18.1.1/24 dev ldhd1 && "
+               'ip link set ldhd0 up && ip link set ldhd1 up && exec "$@"')
     env = job_environment()
     del env["GLOO_SOCKET_IFNAME"]
     run = run_doctor("--devices", "2", "--json", cwd=tmp_path, env=env,

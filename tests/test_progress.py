@@ -85,3 +85,15 @@ def test_a_rank_held_back_is_named_by_rank_0_while_it_waits(tmp_path, free_port)
     assert len(reports) == 1, output[-4000:]
     assert re.fullmatch(rf"rank 0: waiting for 1 of 2 ranks \(\[1\]\) through file://{rendezvous}/run, 1\d s of 60 s",
                         reports[0])
+
+
+def test_ranks_that_arrive_together_print_no_progress(tmp_path, free_port):
+    rendezvous = tmp_path / "rendezvous"
+    rendezvous.mkdir()
+    flags = ["--devices", "1", "--num-nodes", "2", "--strategy", "ddp-instance", "--timeout", "60", "--backend",
+             "gloo", "--epochs", "1", "--init-method", f"file://{rendezvous}/run"]
+    ranks = [_start_rank(rank, flags, tmp_path, free_port) for rank in (0, 1)]
+    assert [rank.wait(timeout=120) for rank in ranks] == [0, 0]
+    output = (tmp_path / "rank0.log").read_text()
+    assert "All distributed processes registered" in output
+    assert "waiting for" not in output, output[-4000:]
