@@ -177,6 +177,22 @@ def test_a_rendezvous_directory_anyone_can_write_is_not_private(tmp_path, rendez
     assert f"fix: chmod +t {rendezvous_dir} (or o-w), or use a directory of your own" in run.stdout
 
 
+@pytest.mark.skipif(shutil.which("gcc") is None, reason="needs gcc to build the flock shim")
+def test_a_filesystem_without_file_locks(tmp_path, rendezvous_dir):
+    # An LD_PRELOAD shim makes flock() fail with ENOLCK under the rendezvous directory, for the doctor's probe and
+    # torch's FileStore alike: what a filesystem mounted without locking does.
+    shim = tmp_path / "nolock.so"
+    subprocess.run(["gcc", "-shared", "-fPIC", "-o", str(shim), str(Path(__file__).parent / "faults" / "nolock.c"),
+                    "-ldl"], check=True)
+    env = job_environment(LD_PRELOAD=str(shim), LDH_NOLOCK_DIR=str(rendezvous_dir))
+    run = run_doctor("--devices", "2", "--init-method", f"file://{rendezvous_dir}/", cwd=tmp_path, env=env,
+                     timeout_s=FAILING_TIMEOUT_S)
+    assert run.returncode == 1, run.output[-6000:]
+    assert (f"FAIL  file-locking: the filesystem of {rendezvous_dir} refuses file locks (flock: No locks available), "
+            "which torch's FileStore needs") in run.stdout
+    assert "fix: mount it with locking (NFS: without 'nolock'; Lustre: -o flock)" in run.stdout
+
+
 def _torchrun_rank(rank: int, world_size: int, local_world_size: int, port: int) -> dict[str, str]:
     """The variables torchrun sets for one worker (one agent per node, started by hand)."""
     return job_environment(RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank % local_world_size),
