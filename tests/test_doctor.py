@@ -109,10 +109,17 @@ def test_torchrun(tmp_path, rendezvous_dir):
 
 
 @pytest.mark.skipif(shutil.which("mpirun.openmpi") is None, reason="OpenMPI's mpirun is not installed (.ci/install)")
-def test_openmpi_mpirun(tmp_path):
-    run = run_doctor("--json", cwd=tmp_path, launcher=tuple(OPENMPI_RUN))
+@pytest.mark.parametrize("backend", ["gloo", "mpi"])
+def test_openmpi_mpirun(tmp_path, backend):
+    run = run_doctor("--backend", backend, "--json", cwd=tmp_path, launcher=tuple(OPENMPI_RUN))
     document = assert_healthy(run, "OpenMPIEnvironment")
     assert "OMPI_COMM_WORLD_SIZE" in document["ranks"][1]["evidence"]
+    if backend == "mpi":
+        # The mpi4py transport through mpi://: no store, no gloo, so no rank listens on any TCP port.
+        assert [rank["init_method"] for rank in document["ranks"]] == ["mpi://", "mpi://"]
+        assert [rank["listening"] for rank in document["ranks"]] == [[], []]
+    else:
+        assert all(rank["listening"] for rank in document["ranks"])
 
 
 def test_srun(slurm_cluster, tmp_path, rendezvous_dir):

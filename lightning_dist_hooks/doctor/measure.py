@@ -37,5 +37,7 @@ def _median_time(operation, rounds: int) -> float:
     for _ in range(rounds):
         started = time.perf_counter()
         operation()
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()  # CUDA collectives return before they finish
         times.append(time.perf_counter() - started)
     return statistics.median(times)
