@@ -129,6 +129,20 @@ def test_srun(slurm_cluster, tmp_path, rendezvous_dir):
     assert document["verdicts"][0]["message"].startswith("2 processes per node (SLURM_STEP_TASKS_PER_NODE=2")
 
 
+def test_flux_variables(tmp_path, free_port):
+    # flux run cannot run here: two tasks with exactly the variables Flux sets, env:// on loopback.
+    processes = [subprocess.Popen(
+        [*DOCTOR, "--timeout", str(TIMEOUT_S), "--json", "--init-method", "env://"], cwd=tmp_path,
+        env=job_environment(FLUX_TASK_RANK=str(rank), FLUX_TASK_LOCAL_ID=str(rank), FLUX_JOB_SIZE="2",
+                            FLUX_JOB_NNODES="1", FLUX_JOB_ID="f2doctor", PMI_RANK=str(rank), PMI_SIZE="2",
+                            MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port)),
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for rank in (0, 1)]
+    outputs = [process.communicate(timeout=RUN_TIMEOUT_S) for process in processes]
+    run = DoctorRun(max(process.returncode for process in processes), *outputs[0])
+    document = assert_healthy(run, "FluxEnvironment")
+    assert document["verdicts"][0]["message"] == "2 processes per node (FLUX_JOB_NNODES=1, FLUX_JOB_SIZE=2), as devices"
+
+
 def test_tasks_per_node_different_from_devices(tmp_path):
     # torchrun starts 2 processes; the job asks for 3 devices. The doctor still meets with the 2 that exist.
     run = run_doctor("--devices", "3", "--json", cwd=tmp_path,
@@ -147,7 +161,7 @@ def test_node_count_different_from_num_nodes(tmp_path):
                      launcher=TORCHRUN)
     assert run.returncode == 1, run.output[-6000:]
     verdict = run.verdicts()["nodes"]
-    assert verdict["message"] == ("the launcher started processes on 1 nodes (LOCAL_WORLD_SIZE=2, WORLD_SIZE=2), but "
+    assert verdict["message"] == ("the launcher started processes on 1 node(s) (LOCAL_WORLD_SIZE=2, WORLD_SIZE=2), but "
                                   "the job asks for num_nodes=2")
 
 
@@ -262,6 +276,13 @@ def test_several_interfaces_without_gloo_socket_ifname_is_a_warning(tmp_path):
     assert verdict["message"].startswith("this host has several interfaces (ldhd0 198.18.0.1, ldhd1 198.18.1.1) and "
                                          "GLOO_SOCKET_IFNAME is not set")
     assert verdict["fix"] == "export GLOO_SOCKET_IFNAME=<the interface the nodes share> to every rank"
+
+
+def test_a_trainer_that_cannot_be_built_is_a_verdict(tmp_path):
+    run = run_doctor("--devices", "2", "--init-method", f"file://{tmp_path}/missing/", cwd=tmp_path)
+    assert run.returncode == 1, run.output[-6000:]
+    assert (f"FAIL  trainer: ValueError: torch_dist_init_method='file://{tmp_path}/missing/': the directory "
+            f"'{tmp_path}/missing' does not exist.") in run.stdout
 
 
 def test_the_console_script_and_the_module_run_the_same_main():

@@ -75,7 +75,7 @@ def check_launcher_layout(layout: LauncherLayout, devices: int, num_nodes: int) 
     if layout.nodes != num_nodes:
         verdicts.append(Verdict(
             "nodes", FAIL,
-            f"the launcher started processes on {layout.nodes} nodes ({layout.source}), but the job asks for "
+            f"the launcher started processes on {layout.nodes} node(s) ({layout.source}), but the job asks for "
             f"num_nodes={num_nodes}",
             f"ask the launcher for {num_nodes} nodes (srun -N {num_nodes}, torchrun --nnodes {num_nodes}), or pass "
             f"num_nodes={layout.nodes}"))

@@ -181,10 +181,11 @@ class Checkup:
         if self.facts["rank"] == 0:
             print(report.document(ranks, verdicts) if self.args.json else report.table(ranks, verdicts), flush=True)
 
-    def report_failure(self, error: BaseException) -> None:
+    def report_failure(self, error: BaseException, check: str = "rendezvous") -> None:
         """This rank's own findings, when the Trainer or the rendezvous failed: nothing to gather from the others."""
-        self.add(Verdict("rendezvous", FAIL, f"{type(error).__name__}: {error}",
-                         "see the other verdicts; the error names the missing ranks where the rendezvous can tell"))
+        fix = ("the error names the bad value and the fix" if check == "trainer" else
+               "see the other verdicts; the error names the missing ranks where the rendezvous can tell")
+        self.add(Verdict(check, FAIL, f"{type(error).__name__}: {error}", fix))
         if self.token is not None:
             tokens = checks.check_tokens(self.token.parent, _tokens_seen(self.token, self.facts["world_size"]),
                                          self.facts["world_size"])
@@ -224,13 +225,17 @@ def main(argv: Optional[list[str]] = None) -> int:
     deadline.daemon = True
     deadline.start()
     try:
-        trainer = Trainer(
-            accelerator=args.accelerator, devices=checkup.devices, num_nodes=checkup.num_nodes,
-            strategy=DDPStrategy(timeout=timedelta(seconds=args.timeout)), torch_dist_backend=args.backend,
-            torch_dist_init_method=args.init_method, logger=False, enable_checkpointing=False,
-            enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,
-        )
-        trainer.validate(DoctorModule(checkup), dataloaders=DataLoader([torch.zeros(1)]), verbose=False)
+        try:
+            trainer = Trainer(
+                accelerator=args.accelerator, devices=checkup.devices, num_nodes=checkup.num_nodes,
+                strategy=DDPStrategy(timeout=timedelta(seconds=args.timeout)), torch_dist_backend=args.backend,
+                torch_dist_init_method=args.init_method, logger=False, enable_checkpointing=False,
+                enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,
+            )
+        except Exception as error:
+            checkup.report_failure(error, check="trainer")
+        else:
+            trainer.validate(DoctorModule(checkup), dataloaders=DataLoader([torch.zeros(1)]), verbose=False)
     except Exception as error:
         checkup.report_failure(error)
     finally:
