@@ -28,11 +28,6 @@ from typing import Callable, Optional
 from lightning_dist_hooks.init_methods import Rendezvous, ranks_without_claims
 
 log = logging.getLogger(__name__)
-# As Lightning does for its own logger: visible at INFO by default unless the application configured logging.
-if not log.handlers and not logging.getLogger().handlers:
-    log.addHandler(logging.StreamHandler())
-    if log.level == logging.NOTSET:
-        log.setLevel(logging.INFO)
 
 # Returns the ranks that have not arrived yet, or None when the rendezvous cannot tell which.
 MissingRanks = Callable[[], Optional[list[int]]]
@@ -105,6 +100,15 @@ def rendezvous_progress(rank: int, world_size: int, init_method: str, timeout: t
         done.set()
 
 
+def _make_visible() -> None:
+    # As Lightning does for its own logger: shown at INFO unless the application configured logging. Done at the
+    # first report, not at import, so that importing the package changes nothing.
+    if not log.handlers and not logging.getLogger().handlers:
+        log.addHandler(logging.StreamHandler())
+        if log.level == logging.NOTSET:
+            log.setLevel(logging.INFO)
+
+
 def _report_until_done(done: threading.Event, rank: int, world_size: int, init_method: str, timeout: timedelta,
                        missing_ranks: MissingRanks, report_schedule: ReportSchedule) -> None:
     started = time.monotonic()
@@ -120,4 +124,5 @@ def _report_until_done(done: threading.Event, rank: int, world_size: int, init_m
             missing = None  # e.g. the shared directory went away: say what is known, keep waiting
         if done.is_set():
             return
+        _make_visible()
         log.log(level, waiting_message(rank, world_size, init_method, time.monotonic() - started, timeout, missing))

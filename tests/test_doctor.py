@@ -17,8 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from conftest import job_environment
-from test_launchers import OPENMPI_RUN, slurm_environment
+from helpers import job_environment, needs_openmpi, openmpi_run, slurm_environment
 
 DOCTOR = [sys.executable, "-m", "lightning_dist_hooks", "doctor"]
 TORCHRUN = (sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", "--no-python")
@@ -108,10 +107,10 @@ def test_torchrun(tmp_path, rendezvous_dir):
     assert_healthy(run, "TorchElasticEnvironment", rendezvous_dir)
 
 
-@pytest.mark.skipif(shutil.which("mpirun.openmpi") is None, reason="OpenMPI's mpirun is not installed (.ci/install)")
+@needs_openmpi
 @pytest.mark.parametrize("backend", ["gloo", "mpi"])
 def test_openmpi_mpirun(tmp_path, backend):
-    run = run_doctor("--backend", backend, "--json", cwd=tmp_path, launcher=tuple(OPENMPI_RUN))
+    run = run_doctor("--backend", backend, "--json", cwd=tmp_path, launcher=tuple(openmpi_run()))
     document = assert_healthy(run, "OpenMPIEnvironment")
     assert "OMPI_COMM_WORLD_SIZE" in document["ranks"][1]["evidence"]
     if backend == "mpi":

@@ -10,7 +10,7 @@ import time
 from datetime import timedelta
 from pathlib import Path
 
-from conftest import FIT_JOB, job_environment
+from helpers import FIT_JOB, job_environment
 
 from lightning_dist_hooks.progress import ReportSchedule, rendezvous_progress, waiting_message
 

@@ -19,7 +19,7 @@ from lightning_fabric.plugins.environments import (
     TorchElasticEnvironment,
 )
 
-from lightning_dist_hooks.environments import SchedulerEnvironment, detect_cluster_environment
+from lightning_dist_hooks.environments import LauncherEnvironment, detect_cluster_environment
 
 # The variables each of Lightning's own environments reads to detect itself (``detect()`` in lightning_fabric).
 _LIGHTNING_DETECT_VARIABLES: dict[type, tuple[str, ...]] = {
@@ -32,8 +32,8 @@ _LIGHTNING_DETECT_VARIABLES: dict[type, tuple[str, ...]] = {
 
 def environment_evidence(environment: type[ClusterEnvironment]) -> dict[str, str]:
     """The variables (and their values) that make ``environment`` this process's cluster environment."""
-    if issubclass(environment, SchedulerEnvironment):
-        names: tuple[str, ...] = environment.detect_variables
+    if issubclass(environment, LauncherEnvironment):
+        names: tuple[str, ...] = environment.variables.detect
     else:
         names = next((variables for kind, variables in _LIGHTNING_DETECT_VARIABLES.items()
                       if issubclass(environment, kind)), ())
@@ -62,17 +62,17 @@ def launcher_layout() -> Optional[LauncherLayout]:
             return LauncherLayout([int(local)], int(world) // int(local),
                                   f"LOCAL_WORLD_SIZE={local}, WORLD_SIZE={world}")
         return None
-    if issubclass(environment, SchedulerEnvironment):
-        world_size = int(os.environ[environment.world_size_variable])
-        local_name, nodes_name = environment.local_size_variable, environment.node_count_variable
-        if nodes_name and nodes_name in os.environ:
-            nodes = int(os.environ[nodes_name])
+    if issubclass(environment, LauncherEnvironment):
+        table = environment.variables
+        world_size = int(os.environ[table.world_size])
+        if table.node_count and table.node_count in os.environ:
+            nodes = int(os.environ[table.node_count])
             return LauncherLayout([world_size // nodes], nodes,
-                                  f"{nodes_name}={nodes}, {environment.world_size_variable}={world_size}")
-        if local_name and local_name in os.environ:
-            local = int(os.environ[local_name])
+                                  f"{table.node_count}={nodes}, {table.world_size}={world_size}")
+        if table.local_size and table.local_size in os.environ:
+            local = int(os.environ[table.local_size])
             return LauncherLayout([local], world_size // local,
-                                  f"{local_name}={local}, {environment.world_size_variable}={world_size}")
+                                  f"{table.local_size}={local}, {table.world_size}={world_size}")
     return None
 
 
