@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import pwd
 import shutil
 import subprocess
 import sys
@@ -192,7 +193,7 @@ def test_a_rendezvous_directory_anyone_can_write_is_not_private(tmp_path, rendez
     rendezvous_dir.chmod(0o777)  # world-writable, no sticky bit
     run = run_doctor("--devices", "2", "--init-method", f"file://{rendezvous_dir}/", cwd=tmp_path)
     assert run.returncode == 1, run.output[-6000:]
-    assert (f"FAIL  private: {rendezvous_dir} (owner root, mode drwxrwxrwx) is writable by every user and not "
+    assert (f"FAIL  private: {rendezvous_dir} (owner {pwd.getpwuid(os.geteuid()).pw_name}, mode drwxrwxrwx) is writable by every user and not "
             "sticky: anyone can replace the rendezvous files in it") in run.stdout
     assert f"fix: chmod +t {rendezvous_dir} (or o-w), or use a directory of your own" in run.stdout
 
@@ -221,10 +222,17 @@ def _torchrun_rank(rank: int, world_size: int, local_world_size: int, port: int)
                            TORCHELASTIC_RESTART_COUNT="0")
 
 
+# Runs a command under the host name "localhost" (its own UTS namespace), which resolves to 127.0.0.1 everywhere.
+AS_LOCALHOST = ("unshare", "-u", "sh", "-c", 'hostname localhost && exec "$@"', "sh")
+needs_namespaces = pytest.mark.skipif(shutil.which("unshare") is None or os.geteuid() != 0,
+                                      reason="needs root and unshare")
+
+
+@needs_namespaces
 def test_host_name_resolving_to_loopback_while_ranks_span_nodes(tmp_path, free_port):
-    # Two "nodes" of one rank each, as two torchrun agents give them; this host's name resolves to 127.0.0.1.
-    processes = [subprocess.Popen([*DOCTOR, "--timeout", str(TIMEOUT_S), "--num-nodes", "2", "--devices", "1",
-                                   "--json"], cwd=tmp_path, env=_torchrun_rank(rank, 2, 1, free_port),
+    # Two "nodes" of one rank each, as two torchrun agents give them, on a host named localhost.
+    processes = [subprocess.Popen([*AS_LOCALHOST, *DOCTOR, "--timeout", str(TIMEOUT_S), "--num-nodes", "2",
+                                   "--devices", "1", "--json"], cwd=tmp_path, env=_torchrun_rank(rank, 2, 1, free_port),
                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for rank in (0, 1)]
     outputs = [process.communicate(timeout=RUN_TIMEOUT_S) for process in processes]
     run = DoctorRun(processes[0].returncode, *outputs[0])
@@ -236,7 +244,7 @@ def test_host_name_resolving_to_loopback_while_ranks_span_nodes(tmp_path, free_p
     assert outputs[1][0] == "", "only rank 0 prints the report"
 
 
-@pytest.mark.skipif(shutil.which("unshare") is None or os.geteuid() != 0, reason="needs root and unshare")
+@needs_namespaces
 def test_a_rendezvous_directory_that_differs_between_nodes(tmp_path, rendezvous_dir, free_port):
     # Rank 1 sees its own (empty) tmpfs at the same path, as a node-local directory would be.
     command = [*DOCTOR, "--timeout", str(FAILING_TIMEOUT_S), "--init-method", f"file://{rendezvous_dir}/", "--devices", "1",
@@ -262,13 +270,14 @@ def test_a_rendezvous_directory_that_differs_between_nodes(tmp_path, rendezvous_
                     reason="needs root, unshare and ip")
 def test_several_interfaces_without_gloo_socket_ifname_is_a_warning(tmp_path):
     # A veth pair, both ends in the new namespace: two interfaces with an address each, connected to nothing else.
-    network = ("ip link set lo up && ip link add ldhd0 type veth peer name ldhd1 && "
+    # Named localhost: gloo without GLOO_SOCKET_IFNAME binds the address the host name resolves to (127.0.0.1).
+    network = ("hostname localhost && ip link set lo up && ip link add ldhd0 type veth peer name ldhd1 && "
                "ip addr add 198.18.0.1/24 dev ldhd0 && ip addr add 198.18.1.1/24 dev ldhd1 && "
                'ip link set ldhd0 up && ip link set ldhd1 up && exec "$@"')
     env = job_environment()
     del env["GLOO_SOCKET_IFNAME"]
     run = run_doctor("--devices", "2", "--json", cwd=tmp_path, env=env,
-                     launcher=("unshare", "-n", "sh", "-c", network, "sh"))
+                     launcher=("unshare", "-n", "-u", "sh", "-c", network, "sh"))
     assert run.returncode == 0, run.output[-6000:]
     verdict = run.verdicts()["interfaces"]
     assert verdict["status"] == "warn"
