@@ -84,7 +84,8 @@ def waiting_message(rank: int, world_size: int, init_method: str, elapsed_s: flo
 
 @contextmanager
 def rendezvous_progress(rank: int, world_size: int, init_method: str, timeout: timedelta,
-                        missing_ranks: MissingRanks, report_schedule: Optional[ReportSchedule] = None) -> Iterator[None]:
+                        missing_ranks: MissingRanks,
+                        report_schedule: Optional[ReportSchedule] = None) -> Iterator[None]:
     """Report at the times of ``report_schedule`` (default: :data:`schedule`) until the block ends."""
     done = threading.Event()
     reporter = threading.Thread(

@@ -193,7 +193,8 @@ def test_a_rendezvous_directory_anyone_can_write_is_not_private(tmp_path, rendez
     rendezvous_dir.chmod(0o777)  # world-writable, no sticky bit
     run = run_doctor("--devices", "2", "--init-method", f"file://{rendezvous_dir}/", cwd=tmp_path)
     assert run.returncode == 1, run.output[-6000:]
-    assert (f"FAIL  private: {rendezvous_dir} (owner {pwd.getpwuid(os.geteuid()).pw_name}, mode drwxrwxrwx) is writable by every user and not "
+    owner = pwd.getpwuid(os.geteuid()).pw_name
+    assert (f"FAIL  private: {rendezvous_dir} (owner {owner}, mode drwxrwxrwx) is writable by every user and not "
             "sticky: anyone can replace the rendezvous files in it") in run.stdout
     assert f"fix: chmod +t {rendezvous_dir} (or o-w), or use a directory of your own" in run.stdout
 
@@ -247,7 +248,8 @@ def test_host_name_resolving_to_loopback_while_ranks_span_nodes(tmp_path, free_p
 @needs_namespaces
 def test_a_rendezvous_directory_that_differs_between_nodes(tmp_path, rendezvous_dir, free_port):
     # Rank 1 sees its own (empty) tmpfs at the same path, as a node-local directory would be.
-    command = [*DOCTOR, "--timeout", str(FAILING_TIMEOUT_S), "--init-method", f"file://{rendezvous_dir}/", "--devices", "1",
+    command = [*DOCTOR, "--timeout", str(FAILING_TIMEOUT_S), "--init-method", f"file://{rendezvous_dir}/",
+               "--devices", "1",
                "--num-nodes", "2"]
     rank1 = ["unshare", "-m", "--propagation", "private", "sh", "-c",
              f'mount -t tmpfs doctor-test "{rendezvous_dir}" && exec "$@"', "sh", *command]

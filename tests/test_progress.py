@@ -59,7 +59,8 @@ def test_nothing_is_reported_when_the_wait_ends_before_the_first_report(caplog):
 
 def test_once_every_rank_has_arrived_the_line_says_the_backend_is_connecting_them():
     message = waiting_message(0, 2, "env://", 12, timedelta(seconds=15), [])
-    assert message == "rank 0: all 2 ranks have arrived; waiting for the backend to connect them through env://, 12 s of 15 s"
+    assert message == ("rank 0: all 2 ranks have arrived; waiting for the backend to connect them through env://, "
+                       "12 s of 15 s")
 
 
 def _start_rank(rank: int, flags: list[str], tmp_path: Path, port: int) -> subprocess.Popen:

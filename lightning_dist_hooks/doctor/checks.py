@@ -171,7 +171,8 @@ def check_main_port(port: int) -> Verdict:
             holders = holders_of_port(port)
             held_by = f", held by {', '.join(holders)}" if holders else ""
             return Verdict(
-                "main-port", FAIL, f"port {port}, where rank 0's store must listen, is already in use on its host{held_by}",
+                "main-port", FAIL,
+                f"port {port}, where rank 0's store must listen, is already in use on its host{held_by}",
                 "choose a free port (MASTER_PORT=..., or tcp://HOST:FREE_PORT), or stop what holds it; a port derived "
                 "from the job id can collide with another job's: set MASTER_PORT")
     return Verdict("main-port", WARN, f"could not test port {port}: no IPv4 or IPv6 here")
