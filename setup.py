@@ -16,5 +16,6 @@ setup(
         "mpi": ["mpi4py>=4.0"],
         "test": ["pytest>=8", "pytest-timeout>=2.3", "matplotlib>=3.7"],
     },
+    entry_points={"console_scripts": ["lightning-dist-hooks-doctor=lightning_dist_hooks.doctor:main"]},
     classifiers=["Programming Language :: Python :: 3", "Topic :: Scientific/Engineering :: Artificial Intelligence"],
 )

@@ -18,6 +18,7 @@ from lightning_dist_hooks import _lightning_internals
 from lightning_dist_hooks.hooks import default_setup_distributed_backend, user_hook
 from lightning_dist_hooks.init_methods import Rendezvous, prepare_rendezvous, ranks_without_claims
 from lightning_dist_hooks.janitor import Janitor
+from lightning_dist_hooks.progress import missing_ranks_query, rendezvous_progress
 
 log = logging.getLogger(__name__)
 
@@ -50,7 +51,9 @@ def create_process_group(strategy: ParallelStrategy, init_method: Optional[str])
     log.info(f"Initializing distributed: GLOBAL_RANK: {rank}, MEMBER: {rank + 1}/{world_size}")
     started = time.monotonic()
     try:
-        hook(backend, rendezvous.init_method, rank, world_size, timeout)
+        with rendezvous_progress(rank, world_size, rendezvous.init_method, timeout,
+                                 missing_ranks_query(rendezvous, world_size)):
+            hook(backend, rendezvous.init_method, rank, world_size, timeout)
     except Exception as error:
         if _is_rendezvous_timeout(error, time.monotonic() - started, timeout):
             raise DistributedSetupError(

@@ -1,0 +1,296 @@
+"""``python -m lightning_dist_hooks doctor``: one real rendezvous under the user's launcher, checked and explained.
+
+Every rank runs the same steps:
+
+1. before the Trainer: the launcher's layout against ``--devices``/``--num-nodes``, mpi4py for an MPI backend,
+   the rendezvous directory (private? file locks?);
+2. ``Trainer(...)`` exactly as a training job builds it, then ``trainer.validate`` on one sample, whose
+   ``setup_distributed_backend`` (the real ``create_process_group`` path, with its progress lines) does the rest:
+   facts about this rank, rank 0's port and main address, a token in the rendezvous directory, the rendezvous,
+   the listening sockets opened by it, an all-reduce, and a gather of every rank's facts;
+3. rank 0 prints one table and the verdicts; the exit code is 1 when any verdict failed, on every rank.
+
+When the rendezvous (or the Trainer) fails, each rank prints what it found on its own and exits 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import socket
+import sys
+import threading
+from datetime import timedelta
+from pathlib import Path
+from typing import Any, Optional
+from urllib.parse import urlsplit
+
+import torch
+import torch.distributed as dist
+from lightning_fabric.plugins.environments import TorchElasticEnvironment
+from pytorch_lightning.strategies import DDPStrategy
+from torch.utils.data import DataLoader
+
+from lightning_dist_hooks import mpi, progress
+from lightning_dist_hooks.backends import available_backends
+from lightning_dist_hooks.doctor import checks, report
+from lightning_dist_hooks.doctor.checks import FAIL, Verdict
+from lightning_dist_hooks.doctor.facts import (
+    environment_evidence,
+    host_addresses,
+    launcher_layout,
+    network_interfaces,
+)
+from lightning_dist_hooks.doctor.measure import measure_allreduce
+from lightning_dist_hooks.doctor.sockets import listening_sockets
+from lightning_dist_hooks.hooks import LightningModule
+from lightning_dist_hooks.trainer import Trainer
+
+# The live line: sooner and more often than a training job's reports, the doctor's timeout being short.
+LIVE_LINE_SCHEDULE = progress.ReportSchedule(first=(5.0,), every=5.0)
+# After --timeout plus this, a rank that is still waiting reports what it found and exits 1.
+DEADLINE_GRACE_S = 20.0
+
+
+def parse_arguments(argv: Optional[list[str]]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="python -m lightning_dist_hooks doctor",
+        description="Start this exactly like your training job (srun, mpirun, torchrun, flux run, or alone with "
+                    "--devices N for Lightning's own launcher) with the same backend and init method: every rank "
+                    "meets the others, checks an all-reduce, and rank 0 says what is wrong and how to fix it.")
+    parser.add_argument("--backend", help="torch_dist_backend of the job (default: Lightning's choice)")
+    parser.add_argument("--init-method", help="torch_dist_init_method of the job (default: env://)")
+    parser.add_argument("--timeout", type=float, default=60, help="seconds to wait for the rendezvous (default 60)")
+    parser.add_argument("--devices", type=int, help="devices per node of the job (default: what the launcher started, "
+                                                    "else 1)")
+    parser.add_argument("--num-nodes", type=int, help="num_nodes of the job (default: what the launcher says, else 1)")
+    parser.add_argument("--accelerator", default="cpu", help="accelerator of the job (default cpu)")
+    parser.add_argument("--json", action="store_true", help="print JSON (rank 0: one document; a failing rank: one "
+                                                            "line of its own) instead of the table")
+    return parser.parse_args(argv)
+
+
+class Checkup:
+    """What this rank has found so far; filled in by :func:`main` and :class:`DoctorModule`."""
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.args = args
+        self.layout = launcher_layout()
+        self.devices = args.devices or (self.layout.tasks_per_node[0] if self.layout else 1)
+        self.num_nodes = args.num_nodes or (self.layout.nodes if self.layout else 1)
+        self.verdicts: list[Verdict] = []
+        self.facts: dict[str, Any] = {"rank": None}
+        self.token: Optional[Path] = None
+        self.exit_code: Optional[int] = None
+        self.sockets_before: set[str] = set()
+
+    @property
+    def spans_nodes(self) -> bool:
+        return self.num_nodes > 1
+
+    def add(self, verdict: Optional[Verdict]) -> None:
+        if verdict is not None:
+            verdict.ranks = verdict.ranks or ([self.facts["rank"]] if self.facts["rank"] is not None else [])
+            self.verdicts.append(verdict)
+
+    # 1. Before the Trainer ----------------------------------------------------------------------------------------
+
+    def check_before_trainer(self) -> None:
+        if self.layout is not None:
+            for verdict in checks.check_launcher_layout(self.layout, self.devices, self.num_nodes):
+                self.add(verdict)
+            # Go on with what the launcher really started, so that the rendezvous and the other checks still run.
+            self.devices, self.num_nodes = self.layout.tasks_per_node[0], self.layout.nodes
+        self.add(checks.check_mpi4py(self.args.backend, mpi.is_available(), mpi.INSTALL_HINT))
+        directory = self.rendezvous_directory
+        if directory is not None and directory.is_dir():
+            self.add(checks.check_directory_privacy(directory))
+            self.add(checks.check_file_locking(directory))
+
+    @property
+    def rendezvous_directory(self) -> Optional[Path]:
+        url = self.args.init_method or ""
+        if not url.startswith("file://"):
+            return None
+        path = Path(urlsplit(url).path)
+        return path if url.endswith("/") or path.is_dir() else path.parent
+
+    # 2. Around the rendezvous -------------------------------------------------------------------------------------
+
+    def check_before_rendezvous(self, trainer: Any, backend: str, init_method: str, rank: int,
+                                world_size: int) -> None:
+        environment = trainer.strategy.cluster_environment
+        host = socket.gethostname()
+        file = Path(urlsplit(init_method).path) if init_method.startswith("file://") else None
+        self.facts = {
+            "rank": rank, "world_size": world_size, "local_rank": trainer.local_rank, "node_rank": trainer.node_rank,
+            "pid": os.getpid(), "host": host, "host_addresses": host_addresses(host),
+            "interfaces": network_interfaces(), "gloo_socket_ifname": os.environ.get("GLOO_SOCKET_IFNAME"),
+            "environment": type(environment).__name__, "evidence": environment_evidence(type(environment)),
+            "backend": backend, "backends_available": _backends_available(), "init_method": init_method,
+            "rendezvous_file": str(file) if file else None, "listening": [], "allreduce": None, "tokens_seen": None,
+        }
+        for verdict in self.verdicts:
+            verdict.ranks = verdict.ranks or [rank]
+        self.add(checks.check_interfaces(backend, self.facts["interfaces"], self.facts["gloo_socket_ifname"]))
+        if file is not None:
+            self.add(checks.check_file_privacy(file))
+            self.token = _leave_token(file, rank)
+        main = self._main_address_and_port(init_method)
+        if rank == 0 and main is not None:
+            address, port = main
+            if not _served_by_torchrun_agent(init_method, environment):
+                self.add(checks.check_main_port(port))
+            local = set(self.facts["host_addresses"]) | set(self.facts["interfaces"].values())
+            self.add(checks.check_main_address(address, host_addresses(address), local, self.spans_nodes))
+        self.sockets_before = {each.inode for each in listening_sockets()}
+
+    @staticmethod
+    def _main_address_and_port(init_method: str) -> Optional[tuple[str, int]]:
+        if init_method.startswith("env://"):
+            return os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
+        if init_method.startswith("tcp://"):
+            parts = urlsplit(init_method)
+            return parts.hostname or "", int(parts.port or 0)
+        return None
+
+    def check_after_rendezvous(self, device: torch.device) -> None:
+        store = self._main_address_and_port(self.facts["init_method"])
+        store_port = store[1] if store and self.facts["rank"] == 0 else None
+        self.facts["listening"] = [
+            {"socket": str(each), "opened_by": _opened_by(each.inode, each.port, self.sockets_before, store_port,
+                                                          self.facts["backend"])}
+            for each in listening_sockets()
+        ]
+        self.facts["allreduce"] = measure_allreduce(device)
+        if self.token is not None:
+            self.facts["tokens_seen"] = _tokens_seen(self.token, self.facts["world_size"])
+        self.facts["verdicts"] = [verdict.as_dict() for verdict in self.verdicts]
+        ranks: list[Any] = [None] * self.facts["world_size"]
+        dist.all_gather_object(ranks, self.facts)
+        everyone = [Verdict(**verdict) for rank in ranks for verdict in rank["verdicts"]]
+        if self.layout is None:
+            everyone += checks.check_hosts(ranks, self.devices, self.num_nodes)
+        everyone.append(checks.check_host_names(ranks, len({rank["host"] for rank in ranks}) > 1 or self.spans_nodes))
+        everyone.append(checks.check_allreduce(ranks))
+        if self.token is not None:
+            everyone.append(checks.check_all_tokens(self.token.parent, ranks))
+        verdicts = checks.merge(everyone)
+        self.exit_code = 1 if any(verdict.status == FAIL for verdict in verdicts) else 0
+        if self.facts["rank"] == 0:
+            print(report.document(ranks, verdicts) if self.args.json else report.table(ranks, verdicts), flush=True)
+
+    def report_failure(self, error: BaseException, check: str = "rendezvous") -> None:
+        """This rank's own findings, when the Trainer or the rendezvous failed: nothing to gather from the others."""
+        fix = ("the error names the bad value and the fix" if check == "trainer" else
+               "see the other verdicts; the error names the missing ranks where the rendezvous can tell")
+        self.add(Verdict(check, FAIL, f"{type(error).__name__}: {error}", fix))
+        if self.token is not None:
+            tokens = checks.check_tokens(self.token.parent, _tokens_seen(self.token, self.facts["world_size"]),
+                                         self.facts["world_size"])
+            self.add(tokens)
+        verdicts = checks.merge(self.verdicts)
+        print(report.document([self.facts], verdicts) if self.args.json else report.local(self.facts, verdicts),
+              flush=True)
+        self.exit_code = 1
+
+
+class DoctorModule(LightningModule):
+    """Its ``setup_distributed_backend`` is where the doctor examines, meets and measures; nothing is trained."""
+
+    def __init__(self, checkup: Checkup) -> None:
+        super().__init__()
+        self.checkup = checkup
+
+    def setup_distributed_backend(self, backend: str, init_method: str, rank: int, world_size: int,
+                                  timeout: timedelta) -> None:
+        self.checkup.check_before_rendezvous(self.trainer, backend, init_method, rank, world_size)
+        super().setup_distributed_backend(backend, init_method, rank, world_size, timeout)
+        self.checkup.check_after_rendezvous(self.device)
+
+    def validation_step(self, batch: Any, batch_idx: int) -> None:
+        return None
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    """Run the doctor on this rank; return its exit code (0: every check passed)."""
+    args = parse_arguments(argv)
+    for name in ("pytorch_lightning", "lightning.pytorch", "lightning_fabric", "lightning.fabric"):
+        logging.getLogger(name).setLevel(logging.WARNING)  # the table, not Lightning's banners
+    progress.schedule = LIVE_LINE_SCHEDULE
+    checkup = Checkup(args)
+    checkup.check_before_trainer()
+    deadline = threading.Timer(args.timeout + DEADLINE_GRACE_S, _give_up, args=(checkup, args.timeout))
+    deadline.daemon = True
+    deadline.start()
+    try:
+        try:
+            trainer = Trainer(
+                accelerator=args.accelerator, devices=checkup.devices, num_nodes=checkup.num_nodes,
+                strategy=DDPStrategy(timeout=timedelta(seconds=args.timeout)), torch_dist_backend=args.backend,
+                torch_dist_init_method=args.init_method, logger=False, enable_checkpointing=False,
+                enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,
+            )
+        except Exception as error:
+            checkup.report_failure(error, check="trainer")
+        else:
+            trainer.validate(DoctorModule(checkup), dataloaders=DataLoader([torch.zeros(1)]), verbose=False)
+    except Exception as error:
+        checkup.report_failure(error)
+    finally:
+        deadline.cancel()
+        if checkup.token is not None:
+            checkup.token.unlink(missing_ok=True)
+    return checkup.exit_code if checkup.exit_code is not None else 1
+
+
+def _give_up(checkup: Checkup, timeout_s: float) -> None:
+    # Some waits have no timeout of their own: torch's TCPStore client waits forever on a port whose holder
+    # accepts connections but never answers (a port in use by another program).
+    checkup.report_failure(TimeoutError(
+        f"no result {timeout_s + DEADLINE_GRACE_S:g} s after start (--timeout {timeout_s:g} s plus "
+        f"{DEADLINE_GRACE_S:g} s): this rank is stuck in a wait without a timeout of its own"))
+    if checkup.token is not None:
+        checkup.token.unlink(missing_ok=True)
+    os._exit(1)
+
+
+def _backends_available() -> list[str]:
+    # The mpi4py transport registers itself with torch only when first asked for: list it when it could be.
+    return sorted(set(available_backends()) | ({mpi.BACKEND_NAME} if mpi.is_available() else set()))
+
+
+def _leave_token(file: Path, rank: int) -> Path:
+    token = _token_path(file, rank)
+    token.unlink(missing_ok=True)  # a doctor run killed before its cleanup
+    os.close(os.open(token, os.O_CREAT | os.O_EXCL | os.O_WRONLY | os.O_NOFOLLOW, 0o600))
+    return token
+
+
+def _token_path(file: Path, rank: int) -> Path:
+    return file.with_name(f".ldh-doctor-{file.name}.rank{rank}")
+
+
+def _tokens_seen(token: Path, world_size: int) -> list[int]:
+    file = token.with_name(token.name[len(".ldh-doctor-") :].rsplit(".rank", 1)[0])
+    return [rank for rank in range(world_size) if _token_path(file, rank).exists()]
+
+
+def _served_by_torchrun_agent(init_method: str, environment: Any) -> bool:
+    # torchrun's agent already listens on MASTER_PORT and hosts the store that env:// ranks join as clients.
+    return (init_method == "env://" and isinstance(environment, TorchElasticEnvironment)
+            and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True")
+
+
+def _opened_by(inode: str, port: int, before: set[str], store_port: Optional[int], backend: str) -> str:
+    if inode in before:
+        if "mpi4py.MPI" in sys.modules:
+            # Lightning's MPIEnvironment.detect() imports mpi4py.MPI (initialising MPI) whenever mpi4py is installed.
+            return "the MPI library, initialised before the rendezvous"
+        return "open before the rendezvous (the launcher's library or the program)"
+    if port == store_port:
+        return "the rendezvous store (TCPStore) of rank 0"
+    if backend in ("mpi", "mpi4py"):
+        return "the MPI library"
+    return f"the {backend} backend, for connections between ranks"

@@ -1,0 +1,303 @@
+"""``python -m lightning_dist_hooks doctor`` under real launchers, and one injected fault per verdict.
+
+Each test starts the doctor as a user would (alone with ``--devices 2`` for Lightning's launcher, torchrun,
+OpenMPI's mpirun, srun), then asserts the exit code and the verdict text. Faults are real: a port held by another
+process, a directory mounted differently for one rank (a mount namespace), a shadowed mpi4py, a launcher layout that
+differs from ``--devices``, a host with two interfaces (a network namespace with a veth pair on 198.18.0.0/23).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pwd
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from helpers import job_environment, needs_openmpi, openmpi_run, slurm_environment
+
+DOCTOR = [sys.executable, "-m", "lightning_dist_hooks", "doctor"]
+TORCHRUN = (sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", "--no-python")
+# Long enough for a rank started late to find the other still waiting (imports take seconds on a busy 2-core CI);
+# short where a test waits for the rendezvous to fail.
+TIMEOUT_S = 60
+FAILING_TIMEOUT_S = 12
+RUN_TIMEOUT_S = 150
+
+
+@dataclass
+class DoctorRun:
+    returncode: int
+    stdout: str
+    stderr: str
+
+    @property
+    def output(self) -> str:
+        return f"{self.stdout}\n{self.stderr}"
+
+    def verdicts(self) -> dict[str, dict]:
+        """The verdicts of rank 0's JSON document, by check (the first of each)."""
+        document = json.loads(self.stdout.strip().splitlines()[-1])
+        found: dict[str, dict] = {}
+        for verdict in document["verdicts"]:
+            found.setdefault(verdict["check"], verdict)
+        return found
+
+
+def run_doctor(*flags: str, launcher: tuple[str, ...] = (), env: dict | None = None, cwd: Path,
+               timeout_s: float = TIMEOUT_S) -> DoctorRun:
+    command = ["timeout", str(RUN_TIMEOUT_S), *launcher, *DOCTOR, "--timeout", str(timeout_s), *flags]
+    completed = subprocess.run(command, cwd=cwd, env=env or job_environment(), stdin=subprocess.DEVNULL,
+                               capture_output=True, text=True, timeout=RUN_TIMEOUT_S + 30)
+    return DoctorRun(completed.returncode, completed.stdout, completed.stderr)
+
+
+@pytest.fixture
+def rendezvous_dir(tmp_path: Path) -> Path:
+    directory = tmp_path / "rendezvous"
+    directory.mkdir()
+    return directory
+
+
+def assert_healthy(run: DoctorRun, environment: str, rendezvous_dir: Path | None = None) -> dict:
+    assert run.returncode == 0, run.output[-6000:]
+    document = json.loads(run.stdout.strip().splitlines()[-1])
+    assert document["ok"] is True
+    assert [rank["rank"] for rank in document["ranks"]] == [0, 1]
+    for rank in document["ranks"]:
+        assert (rank["world_size"], rank["local_rank"], rank["node_rank"]) == (2, rank["rank"], 0)
+        assert rank["environment"] == environment
+        assert rank["allreduce"]["correct"] is True and rank["allreduce"]["latency_ms"] > 0
+    statuses = {verdict["check"]: verdict["status"] for verdict in document["verdicts"]}
+    assert statuses["all-reduce"] == "ok" and statuses["tasks-per-node"] == "ok" and statuses["nodes"] == "ok"
+    assert all(status == "ok" for status in statuses.values()), document["verdicts"]
+    if rendezvous_dir is not None:
+        assert list(rendezvous_dir.iterdir()) == [], "the doctor leaves no file behind"
+    return document
+
+
+def test_lightning_launcher_healthy_table(tmp_path, rendezvous_dir):
+    run = run_doctor("--devices", "2", "--init-method", f"file://{rendezvous_dir}/", cwd=tmp_path)
+    assert run.returncode == 0, run.output[-6000:]
+    assert "lightning-dist-hooks doctor: 2 ranks, backend gloo, init method file://" in run.stdout
+    assert "environment: LightningEnvironment (LOCAL_RANK=0, NODE_RANK=0, WORLD_SIZE=2" in run.stdout
+    assert f"ok    shared-directory: every rank sees the same {rendezvous_dir}" in run.stdout
+    assert "ok    file-locking: file locks (flock, lockf) work in" in run.stdout
+    assert "(the gloo backend, for connections between ranks)" in run.stdout
+    assert run.stdout.rstrip().endswith("every check passed")
+    assert list(rendezvous_dir.iterdir()) == []
+
+
+def test_lightning_launcher_healthy_json_names_the_store_socket(tmp_path, free_port):
+    run = run_doctor("--devices", "2", "--init-method", f"tcp://127.0.0.1:{free_port}", "--json", cwd=tmp_path)
+    document = assert_healthy(run, "LightningEnvironment")
+    rank0 = document["ranks"][0]
+    assert {"socket": f"[::]:{free_port}", "opened_by": "the rendezvous store (TCPStore) of rank 0"} in rank0[
+        "listening"]
+    assert document["verdicts"][0]["status"] == "ok"
+    assert {"main-port", "main-address", "host-name", "interfaces"} <= {v["check"] for v in document["verdicts"]}
+
+
+def test_torchrun(tmp_path, rendezvous_dir):
+    run = run_doctor("--init-method", f"file://{rendezvous_dir}/", "--json", cwd=tmp_path,
+                     launcher=TORCHRUN)
+    assert_healthy(run, "TorchElasticEnvironment", rendezvous_dir)
+
+
+@needs_openmpi
+@pytest.mark.parametrize("backend", ["gloo", "mpi"])
+def test_openmpi_mpirun(tmp_path, backend):
+    run = run_doctor("--backend", backend, "--json", cwd=tmp_path, launcher=tuple(openmpi_run()))
+    document = assert_healthy(run, "OpenMPIEnvironment")
+    assert "OMPI_COMM_WORLD_SIZE" in document["ranks"][1]["evidence"]
+    if backend == "mpi":
+        # The mpi4py transport through mpi://: no store, no gloo, so no rank listens on any TCP port.
+        assert [rank["init_method"] for rank in document["ranks"]] == ["mpi://", "mpi://"]
+        assert [rank["listening"] for rank in document["ranks"]] == [[], []]
+    else:
+        assert all(rank["listening"] for rank in document["ranks"])
+
+
+def test_srun(slurm_cluster, tmp_path, rendezvous_dir):
+    run = run_doctor("--init-method", f"file://{rendezvous_dir}/", "--json", cwd=tmp_path, env=slurm_environment(),
+                     launcher=("srun", "-N1", "--ntasks-per-node=2", "-J", "ldhdoctor", "--kill-on-bad-exit=1"))
+    document = assert_healthy(run, "SLURMEnvironment", rendezvous_dir)
+    assert document["verdicts"][0]["message"].startswith("2 processes per node (SLURM_STEP_TASKS_PER_NODE=2")
+
+
+def test_flux_variables(tmp_path, free_port):
+    # flux run cannot run here: two tasks with exactly the variables Flux sets, env:// on loopback.
+    processes = [subprocess.Popen(
+        [*DOCTOR, "--timeout", str(TIMEOUT_S), "--json", "--init-method", "env://"], cwd=tmp_path,
+        env=job_environment(FLUX_TASK_RANK=str(rank), FLUX_TASK_LOCAL_ID=str(rank), FLUX_JOB_SIZE="2",
+                            FLUX_JOB_NNODES="1", FLUX_JOB_ID="f2doctor", PMI_RANK=str(rank), PMI_SIZE="2",
+                            MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port)),
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for rank in (0, 1)]
+    outputs = [process.communicate(timeout=RUN_TIMEOUT_S) for process in processes]
+    run = DoctorRun(max(process.returncode for process in processes), *outputs[0])
+    document = assert_healthy(run, "FluxEnvironment")
+    assert document["verdicts"][0]["message"] == "2 processes per node (FLUX_JOB_NNODES=1, FLUX_JOB_SIZE=2), as devices"
+
+
+def test_tasks_per_node_different_from_devices(tmp_path):
+    # torchrun starts 2 processes; the job asks for 3 devices. The doctor still meets with the 2 that exist.
+    run = run_doctor("--devices", "3", "--json", cwd=tmp_path,
+                     launcher=TORCHRUN)
+    assert run.returncode == 1, run.output[-6000:]
+    verdict = run.verdicts()["tasks-per-node"]
+    assert verdict["status"] == "fail"
+    assert verdict["message"] == ("the launcher started 2 processes per node (LOCAL_WORLD_SIZE=2, WORLD_SIZE=2), but "
+                                  "the job asks for devices=3")
+    assert verdict["fix"].startswith("start 3 tasks per node (srun --ntasks-per-node=3, torchrun --nproc-per-node=3")
+    assert run.verdicts()["all-reduce"]["status"] == "ok"
+
+
+def test_node_count_different_from_num_nodes(tmp_path):
+    run = run_doctor("--num-nodes", "2", "--json", cwd=tmp_path,
+                     launcher=TORCHRUN)
+    assert run.returncode == 1, run.output[-6000:]
+    verdict = run.verdicts()["nodes"]
+    assert verdict["message"] == ("the launcher started processes on 1 node(s) (LOCAL_WORLD_SIZE=2, WORLD_SIZE=2), but "
+                                  "the job asks for num_nodes=2")
+
+
+def test_main_port_in_use_gives_its_verdict_although_the_rendezvous_fails(tmp_path, busy_port):
+    run = run_doctor("--devices", "2", "--init-method", f"tcp://127.0.0.1:{busy_port}", cwd=tmp_path,
+                     timeout_s=FAILING_TIMEOUT_S)
+    assert run.returncode == 1, run.output[-6000:]
+    assert "no rendezvous, so these are this rank's own findings only" in run.stdout
+    assert (f"FAIL  main-port: port {busy_port}, where rank 0's store must listen, is already in use on its host, "
+            f"held by {os.getpid()} (") in run.stdout
+    assert "fix: choose a free port (MASTER_PORT=..., or tcp://HOST:FREE_PORT), or stop what holds it" in run.stdout
+    assert "FAIL  rendezvous: DistributedSetupError: " in run.stdout and "EADDRINUSE" in run.stdout
+
+
+def test_mpi4py_missing_for_the_mpi_backend(tmp_path):
+    shadow = tmp_path / "shadow" / "mpi4py"
+    shadow.mkdir(parents=True)
+    (shadow / "__init__.py").write_text("raise ImportError('mpi4py hidden by the test')\n")
+    env = job_environment()
+    env["PYTHONPATH"] = os.pathsep.join([str(shadow.parent), env["PYTHONPATH"]])
+    run = run_doctor("--backend", "mpi", cwd=tmp_path, env=env)
+    assert run.returncode == 1, run.output[-6000:]
+    assert ("FAIL  mpi4py: torch_dist_backend='mpi' needs mpi4py, which this Python cannot import") in run.stdout
+    assert 'fix: pip install "lightning-dist-hooks[mpi]" (or: pip install mpi4py), in the environment every rank' in (
+        run.stdout)
+
+
+def test_a_rendezvous_directory_anyone_can_write_is_not_private(tmp_path, rendezvous_dir):
+    rendezvous_dir.chmod(0o777)  # world-writable, no sticky bit
+    run = run_doctor("--devices", "2", "--init-method", f"file://{rendezvous_dir}/", cwd=tmp_path)
+    assert run.returncode == 1, run.output[-6000:]
+    owner = pwd.getpwuid(os.geteuid()).pw_name
+    assert (f"FAIL  private: {rendezvous_dir} (owner {owner}, mode drwxrwxrwx) is writable by every user and not "
+            "sticky: anyone can replace the rendezvous files in it") in run.stdout
+    assert f"fix: chmod +t {rendezvous_dir} (or o-w), or use a directory of your own" in run.stdout
+
+
+@pytest.mark.skipif(shutil.which("gcc") is None, reason="needs gcc to build the flock shim")
+def test_a_filesystem_without_file_locks(tmp_path, rendezvous_dir):
+    # An LD_PRELOAD shim makes flock() fail with ENOLCK under the rendezvous directory, for the doctor's probe and
+    # torch's FileStore alike: what a filesystem mounted without locking does.
+    shim = tmp_path / "nolock.so"
+    subprocess.run(["gcc", "-shared", "-fPIC", "-o", str(shim), str(Path(__file__).parent / "faults" / "nolock.c"),
+                    "-ldl"], check=True)
+    env = job_environment(LD_PRELOAD=str(shim), LDH_NOLOCK_DIR=str(rendezvous_dir))
+    run = run_doctor("--devices", "2", "--init-method", f"file://{rendezvous_dir}/", cwd=tmp_path, env=env,
+                     timeout_s=FAILING_TIMEOUT_S)
+    assert run.returncode == 1, run.output[-6000:]
+    assert (f"FAIL  file-locking: the filesystem of {rendezvous_dir} refuses file locks (flock: No locks available), "
+            "which torch's FileStore needs") in run.stdout
+    assert "fix: mount it with locking (NFS: without 'nolock'; Lustre: -o flock)" in run.stdout
+
+
+def _torchrun_rank(rank: int, world_size: int, local_world_size: int, port: int) -> dict[str, str]:
+    """The variables torchrun sets for one worker (one agent per node, started by hand)."""
+    return job_environment(RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank % local_world_size),
+                           LOCAL_WORLD_SIZE=str(local_world_size), GROUP_RANK=str(rank // local_world_size),
+                           MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), TORCHELASTIC_RUN_ID="doctor-test",
+                           TORCHELASTIC_RESTART_COUNT="0")
+
+
+# Runs a command under the host name "localhost" (its own UTS namespace), which resolves to 127.0.0.1 everywhere.
+AS_LOCALHOST = ("unshare", "-u", "sh", "-c", 'hostname localhost && exec "$@"', "sh")
+needs_namespaces = pytest.mark.skipif(shutil.which("unshare") is None or os.geteuid() != 0,
+                                      reason="needs root and unshare")
+
+
+@needs_namespaces
+def test_host_name_resolving_to_loopback_while_ranks_span_nodes(tmp_path, free_port):
+    # Two "nodes" of one rank each, as two torchrun agents give them, on a host named localhost.
+    processes = [subprocess.Popen([*AS_LOCALHOST, *DOCTOR, "--timeout", str(TIMEOUT_S), "--num-nodes", "2",
+                                   "--devices", "1", "--json"], cwd=tmp_path, env=_torchrun_rank(rank, 2, 1, free_port),
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for rank in (0, 1)]
+    outputs = [process.communicate(timeout=RUN_TIMEOUT_S) for process in processes]
+    run = DoctorRun(processes[0].returncode, *outputs[0])
+    assert [process.returncode for process in processes] == [1, 1], run.output[-6000:]
+    assert run.verdicts()["host-name"]["status"] == "fail"
+    assert "resolve to a loopback address while the ranks span nodes" in run.verdicts()["host-name"]["message"]
+    assert run.verdicts()["main-address"]["message"] == (
+        "the main address '127.0.0.1' is a loopback address, which other nodes cannot reach")
+    assert outputs[1][0] == "", "only rank 0 prints the report"
+
+
+@needs_namespaces
+def test_a_rendezvous_directory_that_differs_between_nodes(tmp_path, rendezvous_dir, free_port):
+    # Rank 1 sees its own (empty) tmpfs at the same path, as a node-local directory would be.
+    command = [*DOCTOR, "--timeout", str(FAILING_TIMEOUT_S), "--init-method", f"file://{rendezvous_dir}/",
+               "--devices", "1",
+               "--num-nodes", "2"]
+    rank1 = ["unshare", "-m", "--propagation", "private", "sh", "-c",
+             f'mount -t tmpfs doctor-test "{rendezvous_dir}" && exec "$@"', "sh", *command]
+    processes = [subprocess.Popen(launch, cwd=tmp_path, env=_torchrun_rank(rank, 2, 1, free_port),
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                 for rank, launch in ((0, command), (1, rank1))]
+    outputs = [process.communicate(timeout=RUN_TIMEOUT_S) for process in processes]
+    assert [process.returncode for process in processes] == [1, 1], outputs
+    stdout0, stderr0 = outputs[0]
+    assert (f"FAIL  shared-directory: {rendezvous_dir} holds the doctor's tokens of ranks [0] only: ranks [1] never "
+            "started, gave up already, or wrote theirs to a different directory of that name on their node") in stdout0
+    assert f"FAIL  shared-directory: {rendezvous_dir} holds the doctor's tokens of ranks [1] only" in outputs[1][0]
+    assert "ranks that never arrived: [1]" in stdout0
+    # The live line, while rank 0 waited for a rank that could never come.
+    assert "rank 0: waiting for 1 of 2 ranks ([1]) through file://" in stderr0
+    assert list(rendezvous_dir.iterdir()) == []
+
+
+@pytest.mark.skipif(shutil.which("unshare") is None or shutil.which("ip") is None or os.geteuid() != 0,
+                    reason="needs root, unshare and ip")
+def test_several_interfaces_without_gloo_socket_ifname_is_a_warning(tmp_path):
+    # A veth pair, both ends in the new namespace: two interfaces with an address each, connected to nothing else.
+    # Named localhost: gloo without GLOO_SOCKET_IFNAME binds the address the host name resolves to (127.0.0.1).
+    network = ("hostname localhost && ip link set lo up && ip link add ldhd0 type veth peer name ldhd1 && "
+               "ip addr add 198.18.0.1/24 dev ldhd0 && ip addr add 198.18.1.1/24 dev ldhd1 && "
+               'ip link set ldhd0 up && ip link set ldhd1 up && exec "$@"')
+    env = job_environment()
+    del env["GLOO_SOCKET_IFNAME"]
+    run = run_doctor("--devices", "2", "--json", cwd=tmp_path, env=env,
+                     launcher=("unshare", "-n", "-u", "sh", "-c", network, "sh"))
+    assert run.returncode == 0, run.output[-6000:]
+    verdict = run.verdicts()["interfaces"]
+    assert verdict["status"] == "warn"
+    assert verdict["message"].startswith("this host has several interfaces (ldhd0 198.18.0.1, ldhd1 198.18.1.1) and "
+                                         "GLOO_SOCKET_IFNAME is not set")
+    assert verdict["fix"] == "export GLOO_SOCKET_IFNAME=<the interface the nodes share> to every rank"
+
+
+def test_a_trainer_that_cannot_be_built_is_a_verdict(tmp_path):
+    run = run_doctor("--devices", "2", "--init-method", f"file://{tmp_path}/missing/", cwd=tmp_path)
+    assert run.returncode == 1, run.output[-6000:]
+    assert (f"FAIL  trainer: ValueError: torch_dist_init_method='file://{tmp_path}/missing/': the directory "
+            f"'{tmp_path}/missing' does not exist.") in run.stdout
+
+
+def test_the_console_script_and_the_module_run_the_same_main():
+    setup = (Path(__file__).resolve().parents[1] / "setup.py").read_text()
+    assert '"lightning-dist-hooks-doctor=lightning_dist_hooks.doctor:main"' in setup
+    usage = subprocess.run([sys.executable, "-m", "lightning_dist_hooks"], capture_output=True, text=True,
+                           env=job_environment())
+    assert usage.returncode == 2 and "usage: python -m lightning_dist_hooks {doctor}" in usage.stderr

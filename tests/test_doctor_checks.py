@@ -1,0 +1,70 @@
+"""The doctor's checks and reading of /proc, on facts given directly (no processes started)."""
+
+from __future__ import annotations
+
+import os
+import socket
+
+from lightning_dist_hooks.doctor.checks import (
+    FAIL,
+    OK,
+    Verdict,
+    check_directory_privacy,
+    check_hosts,
+    check_launcher_layout,
+    merge,
+)
+from lightning_dist_hooks.doctor.facts import LauncherLayout, expand_slurm_counts
+from lightning_dist_hooks.doctor.report import verdict_lines
+from lightning_dist_hooks.doctor.sockets import listening_sockets
+
+
+def test_slurm_task_counts_are_expanded_per_node():
+    assert expand_slurm_counts("4(x2),3") == [4, 4, 3]
+    assert expand_slurm_counts("2") == [2]
+
+
+def test_an_uneven_layout_fails_naming_the_variables():
+    (tasks, nodes) = check_launcher_layout(LauncherLayout([4, 4, 3], 3, "SLURM_STEP_TASKS_PER_NODE=4(x2),3"), 4, 3)
+    assert tasks.status == FAIL and "a different number of processes on each node (SLURM_STEP_TASKS_PER_NODE" in (
+        tasks.message)
+    assert nodes.status == OK
+
+
+def test_ranks_per_host_when_the_launcher_does_not_say():
+    ranks = [{"host": "node1"}, {"host": "node1"}, {"host": "node2"}]
+    tasks, nodes = check_hosts(ranks, devices=2, num_nodes=1)
+    assert (tasks.status, tasks.message) == (FAIL, "ranks per host (node1: 2, node2: 1) differ from devices=2")
+    assert (nodes.status, nodes.message) == (FAIL, "the ranks run on 2 host(s) (node1: 2, node2: 1), but num_nodes=1")
+
+
+def test_equal_verdicts_of_several_ranks_merge_and_failures_come_first():
+    merged = merge([Verdict("a", OK, "fine", ranks=[0]), Verdict("b", FAIL, "bad", "do x", ranks=[3]),
+                    Verdict("b", FAIL, "bad", "do x", ranks=[1]), Verdict("b", FAIL, "bad", "do x", ranks=[2])])
+    assert [(verdict.check, verdict.ranks) for verdict in merged] == [("b", [1, 2, 3]), ("a", [0])]
+    assert verdict_lines(merged) == ["verdicts:", "  FAIL  b: bad [ranks 1-3]", "        fix: do x", "  ok    a: fine",
+                                     "1 check(s) failed"]
+
+
+def test_a_symlinked_directory_is_not_private(tmp_path):
+    (tmp_path / "real").mkdir()
+    (tmp_path / "link").symlink_to(tmp_path / "real")
+    verdict = check_directory_privacy(tmp_path / "link")
+    assert verdict.status == FAIL
+    assert verdict.message == f"{tmp_path / 'link'} is a symbolic link, which another user may point elsewhere"
+
+
+def test_a_sticky_shared_directory_is_private_enough(tmp_path):
+    tmp_path.chmod(0o1777)
+    assert check_directory_privacy(tmp_path).status == OK
+
+
+def test_listening_sockets_of_this_process_are_read_from_proc():
+    with socket.socket(socket.AF_INET6) as listener:
+        listener.bind(("::1", 0))
+        listener.listen()
+        port = listener.getsockname()[1]
+        # Only this port: MPI, once initialised by another test in this process, listens too.
+        mine = [each for each in listening_sockets(os.getpid()) if each.port == port]
+        assert [(each.address, str(each)) for each in mine] == [("::1", f"[::1]:{port}")]
+    assert [each for each in listening_sockets() if each.port == port] == []
