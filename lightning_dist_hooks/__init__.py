@@ -28,13 +28,14 @@ from lightning_dist_hooks.hooks import (
     lightning_default_sampler,
 )
 from lightning_dist_hooks.init_methods import InitMethod, Rendezvous, register_init_method
-from lightning_dist_hooks.job_identity import job_identity
 from lightning_dist_hooks.launcher_variables import LauncherVariables
+from lightning_dist_hooks.launches import launch_identity
 from lightning_dist_hooks.process_group import DistributedSetupError
 from lightning_dist_hooks.sampling import SamplerHookError
 from lightning_dist_hooks.trainer import DistributedHooksTrainerMixin, Trainer
 
 __version__ = "0.1.0"
+
 
 __all__ = [
     "DistributedHooksMixin",
@@ -54,7 +55,7 @@ __all__ = [
     "Trainer",
     "default_setup_distributed_backend",
     "detect_cluster_environment",
-    "job_identity",
+    "launch_identity",
     "lightning_default_sampler",
     "register_cluster_environment",
     "register_init_method",
@@ -66,4 +67,8 @@ def __getattr__(name: str) -> object:
         warnings.warn("lightning_dist_hooks.SchedulerEnvironment is deprecated; use LauncherEnvironment.",
                       DeprecationWarning, stacklevel=2)
         return LauncherEnvironment
+    if name == "job_identity":  # deprecated: it was also the name of its module
+        warnings.warn("lightning_dist_hooks.job_identity is deprecated; use lightning_dist_hooks.launch_identity",
+                      DeprecationWarning, stacklevel=2)
+        return launch_identity
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

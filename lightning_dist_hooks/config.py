@@ -2,11 +2,18 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Optional
 
-from lightning_dist_hooks.backends import MPI_BACKENDS, normalize_backend
-from lightning_dist_hooks.init_methods import validate_init_method
+from lightning_fabric.plugins.environments import ClusterEnvironment
+
+from lightning_dist_hooks.backends import normalize_backend
+from lightning_dist_hooks.init_methods import (
+    default_init_method_for,
+    init_method_handler,
+    resolve_init_method,
+    validate_init_method,
+)
 
 
 @dataclass(frozen=True)
@@ -20,18 +27,18 @@ class ProcessGroupConfig:
     def validated(cls, backend: Optional[str], init_method: Optional[str]) -> "ProcessGroupConfig":
         """Check both values; raise ``ValueError``/``TypeError`` naming the bad one and the fix."""
         backend = None if backend is None else normalize_backend(backend)
-        init_method = None if init_method is None else validate_init_method(init_method)
-        uses_mpi = backend in MPI_BACKENDS
-        if init_method == "mpi://" and not uses_mpi:
-            raise ValueError(
-                f"torch_dist_init_method='mpi://' needs an MPI backend, but torch_dist_backend={backend!r} "
-                "rendezvous through a store that mpi:// does not provide. Use torch_dist_backend='mpi', or another "
-                "init method."
-            )
-        if uses_mpi and init_method is None:
-            # MPI already knows every rank: meeting through a TCP store would only add a listener.
-            init_method = "mpi://"
+        if init_method is None:
+            init_method = default_init_method_for(backend)
+        else:
+            init_method = validate_init_method(init_method)
+            init_method_handler(init_method).check_backend(init_method, backend)
         return cls(backend=backend, init_method=init_method)
+
+    def resolved(self, cluster_environment: ClusterEnvironment, num_nodes: int) -> "ProcessGroupConfig":
+        """This config with the init method every rank of this launch uses (e.g. ``file:///DIR/`` named)."""
+        if self.init_method is None:
+            return self
+        return replace(self, init_method=resolve_init_method(self.init_method, cluster_environment, num_nodes))
 
     @property
     def is_default(self) -> bool:

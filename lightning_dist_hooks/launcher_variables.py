@@ -116,7 +116,7 @@ LAUNCHER_VARIABLES = frozenset({
     # torch's env:// and torchrun
     "MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK",
     "GROUP_WORLD_SIZE", "ROLE_RANK", "ROLE_WORLD_SIZE", "ROLE_NAME",
-    # Lightning's own launcher (LightningEnvironment), and this package's token for its launches (job_identity.py)
+    # Lightning's own launcher (LightningEnvironment), and this package's token for its launches (launches.py)
     "NODE_RANK", "LIGHTNING_DIST_HOOKS_LAUNCH_TOKEN",
 })
 

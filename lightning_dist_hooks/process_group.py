@@ -16,8 +16,7 @@ from torch.distributed.constants import default_pg_timeout
 
 from lightning_dist_hooks import _lightning_internals
 from lightning_dist_hooks.hooks import default_setup_distributed_backend, user_hook
-from lightning_dist_hooks.init_methods import Rendezvous, prepare_rendezvous, ranks_without_claims
-from lightning_dist_hooks.janitor import Janitor
+from lightning_dist_hooks.init_methods import InitMethod, Rendezvous, init_method_handler
 from lightning_dist_hooks.progress import missing_ranks_query, rendezvous_progress
 
 log = logging.getLogger(__name__)
@@ -41,24 +40,24 @@ def create_process_group(strategy: ParallelStrategy, init_method: Optional[str])
     backend = _lightning_internals.resolved_process_group_backend(strategy)
     timeout = _lightning_internals.process_group_timeout(strategy) or default_pg_timeout
     assert strategy.cluster_environment is not None
-    rendezvous = prepare_rendezvous(init_method, strategy.cluster_environment)
-    # Only a rank that dies without running the finalizer below needs it; see lightning_dist_hooks.janitor.
-    janitor = Janitor([path for path in (rendezvous.file, rendezvous.claim) if path]) if rendezvous.file else None
+    url = init_method or "env://"  # None: Lightning's own choice
+    handler = init_method_handler(url)
+    rendezvous = handler.prepare(url, strategy.cluster_environment)
     # Registered before the hook runs, so that a failing hook still leaves no rendezvous file behind.
-    Finalize(None, _finish_process_group, args=(rendezvous, janitor), exitpriority=_FINISH_PRIORITY)
+    Finalize(None, _finish_process_group, args=(handler, rendezvous), exitpriority=_FINISH_PRIORITY)
 
     hook = user_hook(strategy.lightning_module, "setup_distributed_backend") or default_setup_distributed_backend
     log.info(f"Initializing distributed: GLOBAL_RANK: {rank}, MEMBER: {rank + 1}/{world_size}")
     started = time.monotonic()
     try:
         with rendezvous_progress(rank, world_size, rendezvous.init_method, timeout,
-                                 missing_ranks_query(rendezvous, world_size)):
+                                 missing_ranks_query(handler, rendezvous, world_size)):
             hook(backend, rendezvous.init_method, rank, world_size, timeout)
     except Exception as error:
         if _is_rendezvous_timeout(error, time.monotonic() - started, timeout):
             raise DistributedSetupError(
                 f"rank {rank} of {world_size} timed out after {timeout.total_seconds():g} s waiting for the "
-                f"rendezvous through {rendezvous.init_method}; {_missing_ranks(rendezvous, world_size, error)}. "
+                f"rendezvous through {url}; {handler.missing_ranks(rendezvous, world_size, error)}. "
                 "Check that every rank was started and reaches the same init_method (torch says: "
                 f"{type(error).__name__}: {error})"
             ) from error
@@ -96,32 +95,7 @@ def _is_rendezvous_timeout(error: Exception, elapsed_s: float, timeout: timedelt
     return says_timeout and elapsed_s >= 0.9 * timeout.total_seconds()
 
 
-def _missing_ranks(rendezvous: Rendezvous, world_size: int, error: Exception) -> str:
-    """Which ranks never arrived, as far as the rendezvous can tell."""
-    if rendezvous.file is not None and rendezvous.claim is not None:
-        return f"ranks that never arrived: {ranks_without_claims(rendezvous.file, world_size)}"
-    # Rank 0's TCPStore counts connected clients, its own included, but does not say which ranks they are.
-    joined = re.search(r"(\d+)/(\d+) clients joined", str(error))
-    if joined is None:
-        return "which ranks are missing cannot be known from this rank"
-    arrived, expected = map(int, joined.groups())
-    if arrived == 1:
-        return f"ranks that never arrived: {list(range(1, expected))}"
-    return f"{expected - arrived} of {expected} ranks never arrived (a TCP rendezvous does not say which)"
-
-
-def _finish_process_group(rendezvous: Rendezvous, janitor: Optional[Janitor]) -> None:
+def _finish_process_group(handler: InitMethod, rendezvous: Rendezvous) -> None:
     if torch.distributed.is_initialized():
         torch.distributed.destroy_process_group()
-    if rendezvous.file is not None:
-        # Every rank removes the file after destroying its own group. A FileStore recreates a missing file
-        # only from inside its destructor, which the destroy above has already run (or which, deferred to
-        # interpreter exit, then finds no file and does nothing).
-        rendezvous.file.unlink(missing_ok=True)
-    if rendezvous.claim is not None:
-        # Only after the file: a claim outliving its file is harmless, a file outliving its claim would not be
-        # recognised as a leftover (see FileInitMethod).
-        rendezvous.claim.unlink(missing_ok=True)
-    if janitor is not None:
-        janitor.dismiss()
-
+    handler.finish(rendezvous)

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Callable, Optional
 
-from lightning_dist_hooks.init_methods import Rendezvous, ranks_without_claims
+from lightning_dist_hooks.init_methods import InitMethod, Rendezvous
 
 log = logging.getLogger(__name__)
 
@@ -33,17 +33,14 @@ log = logging.getLogger(__name__)
 MissingRanks = Callable[[], Optional[list[int]]]
 
 
-def missing_ranks_query(rendezvous: Rendezvous, world_size: int) -> MissingRanks:
-    """Who has not arrived, as far as ``rendezvous`` tells while it waits.
+def missing_ranks_query(handler: InitMethod, rendezvous: Rendezvous, world_size: int) -> MissingRanks:
+    """Who has not arrived, as far as the rendezvous's handler tells while it waits (:meth:`InitMethod.waiting_for`).
 
     ``file://``: every rank claims the file first thing, so the missing claims name the missing ranks. Rank 0's
     ``TCPStore`` (``tcp://``, ``env://``) counts its clients under an internal key that the store's public API
     cannot read (torch shows the count only in its timeout error), and never learns their ranks: it cannot tell.
     """
-    if rendezvous.file is not None and rendezvous.claim is not None:
-        file = rendezvous.file
-        return lambda: ranks_without_claims(file, world_size)
-    return lambda: None
+    return lambda: handler.waiting_for(rendezvous, world_size)
 
 
 @dataclass(frozen=True)

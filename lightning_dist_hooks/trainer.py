@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import inspect
-from dataclasses import replace
 from typing import Any, Optional
 
 import pytorch_lightning as pl
@@ -14,8 +13,6 @@ from pytorch_lightning.utilities.rank_zero import rank_zero_warn
 from lightning_dist_hooks.backends import check_mpi_launch
 from lightning_dist_hooks.config import ProcessGroupConfig
 from lightning_dist_hooks.environments import detect_cluster_environment, lightning_would_choose
-from lightning_dist_hooks.init_methods import is_rendezvous_directory
-from lightning_dist_hooks.job_identity import resolve_rendezvous_directory
 from lightning_dist_hooks.sampling import install_sampler_hook
 from lightning_dist_hooks.strategy import attach_process_group_config, creates_process_group
 
@@ -68,11 +65,7 @@ class DistributedHooksTrainerMixin:
         trainer: Any = self
         strategy = trainer.strategy
         if creates_process_group(strategy):
-            if is_rendezvous_directory(config.init_method):
-                assert config.init_method is not None
-                config = replace(
-                    config, init_method=resolve_rendezvous_directory(config.init_method, strategy.cluster_environment)
-                )
+            config = config.resolved(strategy.cluster_environment, num_nodes=strategy.num_nodes)
             attach_process_group_config(strategy, config, uses_cuda=isinstance(trainer.accelerator, CUDAAccelerator))
             check_mpi_launch(config.backend, config.init_method, trainer.num_devices, trainer.num_nodes)
         elif not config.is_default:

@@ -32,13 +32,13 @@ from lightning_dist_hooks import (
     Trainer,
     detect_cluster_environment,
     environments,
-    job_identity,
+    launch_identity,
     mpi,
     register_cluster_environment,
 )
 from lightning_dist_hooks.environments import LAUNCHER_ENVIRONMENTS, detection_order
 from lightning_dist_hooks.init_methods import FileInitMethod
-from lightning_dist_hooks.job_identity import LAUNCH_TOKEN_VARIABLE
+from lightning_dist_hooks.launches import LAUNCH_TOKEN_VARIABLE
 from lightning_dist_hooks.launcher_variables import is_launcher_variable
 from lightning_dist_hooks.trainer import _with_detected_cluster_environment
 
@@ -111,7 +111,7 @@ def test_ranks_node_rank_and_identity_come_from_the_table(launcher_env, environm
     cluster = environment()
     assert (cluster.global_rank(), cluster.world_size(), cluster.local_rank(), cluster.node_rank()) == (3, 8, 1, node_rank)
     assert cluster.creates_processes_externally is True
-    assert job_identity(cluster) == identity
+    assert launch_identity(cluster) == identity
 
 
 def test_env_main_address_on_several_nodes_needs_master_addr_or_file(launcher_env, tmp_path):
@@ -240,7 +240,7 @@ def test_a_registered_environment_is_detected_before_the_schedulers(launcher_env
                       torch_dist_init_method="env://")
     cluster = trainer.strategy.cluster_environment
     assert type(cluster) is SiteLauncherEnvironment and (cluster.global_rank(), cluster.world_size()) == (3, 8)
-    assert job_identity(cluster) == "SITE_JOB_ID=77"
+    assert launch_identity(cluster) == "SITE_JOB_ID=77"
 
 
 def test_registration_takes_a_place_and_refuses_to_replace_silently(detection_order_restored):
@@ -316,15 +316,18 @@ def test_scheduler_environment_is_a_deprecated_name_for_launcher_environment():
 def test_a_leftover_file_with_its_claim_stops_the_rerun_with_the_file_named(tmp_path):
     url = f"file://{tmp_path}/ldh-rendezvous-job"
     first = FileInitMethod().prepare(url, Rank(1))  # an earlier run, killed: nothing removed
-    assert first.claim == tmp_path / "ldh-rendezvous-job.rank1.claim" and oct(first.claim.stat().st_mode & 0o777) == "0o600"
+    private = tmp_path / f"ldh-uid-{os.geteuid()}"  # the per-user directory (issue 9)
+    assert first.claim == private / "ldh-rendezvous-job.rank1.claim" and oct(first.claim.stat().st_mode & 0o777) == "0o600"
     with pytest.raises(RuntimeError, match=rf"rank 1 found {first.claim} and {first.file} left by an earlier run"):
         FileInitMethod().prepare(url, Rank(1))
     # A peer of the same launch (another rank) is never mistaken for a leftover.
-    assert FileInitMethod().prepare(url, Rank(0)).claim == tmp_path / "ldh-rendezvous-job.rank0.claim"
+    assert FileInitMethod().prepare(url, Rank(0)).claim == private / "ldh-rendezvous-job.rank0.claim"
 
 
 def test_a_leftover_claim_without_its_file_is_taken_over(tmp_path):
-    (tmp_path / "ldh-rendezvous-job.rank0.claim").touch()
+    private = tmp_path / f"ldh-uid-{os.geteuid()}"  # the per-user directory (issue 9)
+    private.mkdir(mode=0o700)
+    (private / "ldh-rendezvous-job.rank0.claim").touch(mode=0o600)
     rendezvous = FileInitMethod().prepare(f"file://{tmp_path}/ldh-rendezvous-job", Rank(0))
     assert rendezvous.file.exists() and rendezvous.claim.exists()
 
@@ -336,7 +339,7 @@ def _assert_emulated_fit(result, environment: str, rendezvous_dir: Path, identit
         assert (record["environment"], record["world_size"], record["local_rank"]) == (environment, 2, rank)
         (call,) = record["setup_calls"]
         assert call["rank"] == rank and call["rendezvous_file_mode"] == "0o600"
-        assert call["init_method"].startswith(f"file://{rendezvous_dir}/ldh-rendezvous-{identity_part}")
+        assert call["init_method"].startswith(f"file://{rendezvous_dir}/ldh-uid-{os.geteuid()}/ldh-rendezvous-{identity_part}")
     result.same_on_all_ranks("weights_sha256")
     result.same_on_all_ranks("store")
     assert list(rendezvous_dir.iterdir()) == []

@@ -137,26 +137,33 @@ def test_an_exception_in_a_hook_on_one_rank_ends_every_rank_promptly(run_job, tm
 
 def test_a_stale_rendezvous_file_at_an_explicit_path_stops_the_next_run_naming_it(run_job, tmp_path, rendezvous_dir):
     # What a run killed together with its janitors (a crashed node) leaves: the file and every rank's claim.
-    path = rendezvous_dir / "rendezvous"
+    requested = rendezvous_dir / "rendezvous"
+    path = rendezvous_dir / f"ldh-uid-{os.geteuid()}" / "rendezvous"  # inside the per-user directory (issue 9)
     for rank in (0, 1):
-        FileInitMethod().prepare(f"file://{path}", Rank(rank))
-    stale = sorted(rendezvous_dir.iterdir())
-    result, elapsed = timed(run_job, *SHORT_FLAGS, "--init-method", f"file://{path}")
+        FileInitMethod().prepare(f"file://{requested}", Rank(rank))
+    stale = sorted(path.parent.iterdir())
+    result, elapsed = timed(run_job, *SHORT_FLAGS, "--init-method", f"file://{requested}")
     assert result.returncode != 0
     assert (f"found {path}.rank0.claim and {path} left by an earlier run with the same job identity that did not "
             f"finish cleanly") in result.output, result.output[-4000:]
     assert f"remove {path} and {path}.rank*.claim, then start again" in result.output
     assert elapsed < TIMEOUT_S + STARTUP_S
-    assert sorted(rendezvous_dir.iterdir()) == stale, "another run's files are never deleted automatically"
+    assert sorted(path.parent.iterdir()) == stale, "another run's files are never deleted automatically"
     wait_until_gone(tmp_path)
+
+
+def _janitor_for(directory: Path) -> Janitor:
+    return Janitor(os.open(directory, os.O_RDONLY | os.O_DIRECTORY), os.open(directory.parent, os.O_RDONLY | os.O_DIRECTORY),
+                   directory.name)
 
 
 def test_the_janitor_removes_the_files_when_its_rank_ends_without_cleaning_up(tmp_path):
     files = [tmp_path / "rendezvous", tmp_path / "rendezvous.rank0.claim"]
+    janitor = _janitor_for(tmp_path)
     for path in files:
         path.touch()
-    janitor = Janitor(files)
-    os.close(janitor._write_end)  # what the kernel does when the rank dies, however it dies
+        janitor.watch(path.name, os.open(path, os.O_RDONLY))
+    os.close(janitor._socket_fd)  # what the kernel does when the rank dies, however it dies
     assert janitor.process.wait(timeout=10) == 0
     assert not [path for path in files if path.exists()]
 
@@ -165,6 +172,7 @@ def test_a_janitor_whose_rank_cleaned_up_touches_nothing(tmp_path):
     # Files of the same name that exist after a rank cleaned up belong to a later run: they must stay.
     later_run = tmp_path / "rendezvous"
     later_run.touch()
-    janitor = Janitor([later_run])
+    janitor = _janitor_for(tmp_path)
+    janitor.watch(later_run.name, os.open(later_run, os.O_RDONLY))
     janitor.dismiss()
     assert janitor.process.returncode == 0 and later_run.exists()

@@ -8,6 +8,7 @@ overridden. Every launcher runs ``file:///DIR/`` (the per-launch file) and ``tcp
 
 from __future__ import annotations
 
+import os
 import shutil
 import sys
 from pathlib import Path
@@ -30,7 +31,8 @@ def assert_two_rank_fit(result: JobResult, environment: str, init_method: str, r
         (call,) = record["setup_calls"]
         assert (call["rank"], call["world_size"], call["backend"]) == (rank, 2, "gloo")
         if init_method.startswith("file://"):
-            assert call["init_method"].startswith(f"{init_method}ldh-rendezvous-")
+            # Inside the per-user directory (issue 9).
+            assert call["init_method"].startswith(f"{init_method}ldh-uid-{os.geteuid()}/ldh-rendezvous-")
             assert call["rendezvous_file_mode"] == "0o600"
         else:
             assert call["init_method"] == init_method

@@ -3,6 +3,7 @@ process, the checks that judge what the hook left and what torch's errors say.""
 
 from __future__ import annotations
 
+import os
 import re
 from datetime import timedelta
 from pathlib import Path
@@ -11,13 +12,17 @@ import pytest
 import torch.distributed as dist
 
 from helpers import Rank, job_environment
-from lightning_dist_hooks.init_methods import FileInitMethod, Rendezvous
+from lightning_dist_hooks.init_methods import FileInitMethod, Rendezvous, init_method_handler
 from lightning_dist_hooks.process_group import (
     DistributedSetupError,
     _is_rendezvous_timeout,
-    _missing_ranks,
     check_default_group,
 )
+
+
+def _missing_ranks(rendezvous, world_size, error):
+    # What the timeout message asks the rendezvous's own handler (issue 13: no per-scheme code in process_group).
+    return init_method_handler(rendezvous.init_method).missing_ranks(rendezvous, world_size, error)
 
 
 @pytest.fixture
@@ -124,14 +129,15 @@ def test_setup_hook_runs_once_per_rank_with_the_resolved_values(run_job, tmp_pat
     init_method = f"file://{tmp_path}/rendezvous"
     result = run_job("--strategy", strategy, "--backend", "GLOO", "--init-method", init_method,
                      "--setup-hook", "record").assert_ok()
+    used = f"file://{tmp_path}/ldh-uid-{os.geteuid()}/rendezvous"  # inside the per-user directory (issue 9)
     for rank, record in result.ranks.items():
         assert record["setup_calls"] == [{
-            "backend": "gloo", "init_method": init_method, "rank": rank, "world_size": 2, "timeout_s": 1800.0,
+            "backend": "gloo", "init_method": used, "rank": rank, "world_size": 2, "timeout_s": 1800.0,
             "initialized_before": False, "rendezvous_file_mode": "0o600",
         }]
         assert record["process_group_backend"] == "gloo"
     assert result.same_on_all_ranks("weights_sha256")
-    assert not (tmp_path / "rendezvous").exists()
+    assert not (tmp_path / "rendezvous").exists() and not (tmp_path / f"ldh-uid-{os.geteuid()}").exists()
 
 
 def test_setup_hook_alone_gets_lightnings_defaults_and_the_strategy_settings(run_job):

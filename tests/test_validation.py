@@ -145,11 +145,17 @@ def test_file_init_method_in_an_unwritable_directory():
         shutil.rmtree(directory)
 
 
-@pytest.mark.parametrize("suffix", ["/", ""])
-def test_file_init_method_naming_a_directory_gets_a_file_for_this_launch(tmp_path: Path, suffix):
-    trainer = make_trainer(torch_dist_init_method=f"file://{tmp_path}{suffix}")
+def test_file_init_method_naming_a_directory_gets_a_file_for_this_launch(tmp_path: Path):
+    trainer = make_trainer(torch_dist_init_method=f"file://{tmp_path}/")
     assert re.fullmatch(rf"file://{tmp_path}/ldh-rendezvous-LIGHTNING_DIST_HOOKS_LAUNCH_TOKEN-[0-9a-f]{{32}}-[0-9a-f]{{8}}",
                         trainer.torch_dist_init_method)
+
+
+def test_only_a_trailing_slash_means_one_file_per_launch(tmp_path: Path):
+    # Issue 9: a directory someone created at the path of the file must not switch to per-launch files inside it.
+    with pytest.raises(ValueError, match=rf"names '{tmp_path}' \(a directory owned by .*\), not a file. For one file "
+                                         rf"per launch inside it, end the URL with a slash \('file://{tmp_path}/'\)"):
+        make_trainer(torch_dist_init_method=f"file://{tmp_path}")
 
 
 def test_flags_on_a_run_without_a_process_group_warn_that_they_are_ignored():

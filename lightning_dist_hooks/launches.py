@@ -1,8 +1,18 @@
 """The name of one launch, which every rank derives from its own environment without talking to the others.
 
-``file:///DIR/`` puts the rendezvous file for a launch at ``DIR/ldh-rendezvous-<identity>``. The identity comes
-from the cluster environment that started the process, so every rank of one launch takes it from the same
-launcher, even where several are nested (an mpirun inside an sbatch job sees both).
+``file:///DIR/`` puts the rendezvous file for a launch at ``DIR/ldh-rendezvous-<identity>`` (inside this user's
+private directory there). The identity comes from the cluster environment that started the process, so every
+rank of one launch takes it from the same launcher, even where several are nested (an mpirun inside an sbatch job
+sees both). It must also be the same on every node: see :func:`no_identity_shared_by_nodes`.
+
+Which identities agree across the nodes of one launch: SLURM's job, step and restart count (one job-wide value
+each); Flux's job id; PBS's job id and PALS application id; LSF's job id and array index; OpenMPI's
+``PMIX_NAMESPACE`` (one per ``mpirun``); torchrun's ``TORCHELASTIC_RUN_ID`` (``--rdzv-id``, which the c10d
+rendezvous itself needs to be equal; ``"none"`` without it, which is the same for every run of every user: the
+per-user directory keeps users apart, and the claim files turn two concurrent runs of one user into an error).
+torchrun's restart count is not: each agent counts the restarts of its own workers, and a node whose workers did
+not fail restarts without counting; so it is used only on a single node. Lightning's own launcher has none: each
+node's launching process makes its own token.
 """
 
 from __future__ import annotations
@@ -10,7 +20,6 @@ from __future__ import annotations
 import os
 import uuid
 from typing import Optional
-from urllib.parse import urlsplit
 
 from lightning_fabric.plugins.environments import (
     ClusterEnvironment,
@@ -21,7 +30,6 @@ from lightning_fabric.plugins.environments import (
 )
 
 from lightning_dist_hooks.environments import LauncherEnvironment, identity_from
-from lightning_dist_hooks.init_methods import rendezvous_file_for_job
 
 # Set by the process that runs Lightning's own launcher (``ddp``), inherited by the children it starts
 # (Lightning's subprocess launcher copies os.environ into them). ``ddp_spawn``/``ddp_fork`` need no variable:
@@ -30,18 +38,19 @@ LAUNCH_TOKEN_VARIABLE = "LIGHTNING_DIST_HOOKS_LAUNCH_TOKEN"
 
 # Lightning's environments: which variables name one launch. SLURM: the job id survives a requeue, so the step id
 # (a new one for every srun) and the restart count (absent at first, 1, 2, ... after each requeue) go with it.
-# torchrun: the run id ("none" unless --rdzv-id or --standalone gives a fresh uuid) and the restart count, which
-# changes every time the agent restarts its workers. LSF: LSB_JOBINDEX tells the elements of a job array apart.
+# torchrun: the run id and, on one node, the restart count (see the module docstring). LSF: LSB_JOBINDEX tells
+# the elements of a job array apart.
 _LIGHTNING_IDENTITIES: dict[type, tuple[tuple[str, ...], ...]] = {
     SLURMEnvironment: (("SLURM_JOB_ID", "SLURM_STEP_ID", "SLURM_RESTART_COUNT"),),
-    TorchElasticEnvironment: (("TORCHELASTIC_RUN_ID", "TORCHELASTIC_RESTART_COUNT"),),
     LSFEnvironment: (("LSB_JOBID", "LSB_JOBINDEX", "PMIX_NAMESPACE"),),
 }
+_TORCHRUN_SINGLE_NODE = (("TORCHELASTIC_RUN_ID", "TORCHELASTIC_RESTART_COUNT"),)
+_TORCHRUN_MULTI_NODE = (("TORCHELASTIC_RUN_ID",),)
 
 _token_made_here: Optional[str] = None
 
 
-def job_identity(environment: ClusterEnvironment) -> Optional[str]:
+def launch_identity(environment: ClusterEnvironment) -> Optional[str]:
     """This launch's identity under ``environment``, or None when the launcher gives none.
 
     For example ``'SLURM_JOB_ID=42,SLURM_STEP_ID=0'`` in the first step of SLURM job 42.
@@ -50,9 +59,20 @@ def job_identity(environment: ClusterEnvironment) -> Optional[str]:
         return environment.job_identity()
     if isinstance(environment, LightningEnvironment):
         return _lightning_launch_token(environment)
+    if isinstance(environment, TorchElasticEnvironment):
+        one_node = os.environ.get("GROUP_WORLD_SIZE", "1") == "1"
+        return identity_from(_TORCHRUN_SINGLE_NODE if one_node else _TORCHRUN_MULTI_NODE)
     for environment_class, alternatives in _LIGHTNING_IDENTITIES.items():
         if isinstance(environment, environment_class):
             return identity_from(alternatives)
+    return None
+
+
+def no_identity_shared_by_nodes(environment: ClusterEnvironment, num_nodes: int) -> Optional[str]:
+    """Why the nodes of this launch would derive different identities, or None if they derive the same one."""
+    if num_nodes > 1 and isinstance(environment, LightningEnvironment):
+        return ("Lightning's own launcher is started once per node, and each node's launching process makes its "
+                "own launch token: nothing tells the nodes one shared name")
     return None
 
 
@@ -71,16 +91,3 @@ def _lightning_launch_token(environment: LightningEnvironment) -> Optional[str]:
         _token_made_here = uuid.uuid4().hex
         os.environ[LAUNCH_TOKEN_VARIABLE] = _token_made_here
     return f"{LAUNCH_TOKEN_VARIABLE}={_token_made_here}"
-
-
-def resolve_rendezvous_directory(url: str, environment: ClusterEnvironment) -> str:
-    """Turn ``file:///DIR/`` into this launch's rendezvous file in DIR; raise ``ValueError`` without an identity."""
-    identity = job_identity(environment)
-    if identity is None:
-        raise ValueError(
-            f"torch_dist_init_method={url!r}: {type(environment).__name__} names no job to call the rendezvous file "
-            "after, so the ranks could not agree on one without talking to each other. Name a file unique to this "
-            f"run instead, e.g. 'file://{urlsplit(url).path}run42' (a per-job file needs SLURM, Flux, LSF, PBS, "
-            "torchrun, OpenMPI's mpirun, or Lightning's own launcher)."
-        )
-    return rendezvous_file_for_job(url, identity)

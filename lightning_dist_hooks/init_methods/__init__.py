@@ -1,0 +1,42 @@
+"""``torch_dist_init_method`` values: one handler per URL scheme, looked up in a registry.
+
+A handler (:class:`InitMethod`) is called once in ``Trainer(...)`` to validate and resolve the URL, and once per
+rank to prepare the rendezvous and, at exit, to finish it. Like ``torch.distributed.rendezvous``, new schemes
+plug in with :func:`register_init_method`; the built-in ``env://``, ``tcp://``, ``file://`` and ``mpi://`` use
+nothing a registered handler could not.
+"""
+
+from lightning_dist_hooks.init_methods._base import (
+    AddresslessInitMethod,
+    InitMethod,
+    Rendezvous,
+    default_init_method_for,
+    init_method_handler,
+    register_init_method,
+    resolve_init_method,
+    validate_init_method,
+)
+from lightning_dist_hooks.init_methods._file import FileInitMethod, FileRendezvous, rendezvous_file_for_job
+from lightning_dist_hooks.init_methods._mpi import MpiInitMethod
+from lightning_dist_hooks.init_methods._store import EnvInitMethod, TcpInitMethod, TCPStoreInitMethod
+
+for _handler in (EnvInitMethod(), TcpInitMethod(), FileInitMethod(), MpiInitMethod()):
+    register_init_method(_handler)
+
+__all__ = [
+    "AddresslessInitMethod",
+    "EnvInitMethod",
+    "FileInitMethod",
+    "FileRendezvous",
+    "InitMethod",
+    "MpiInitMethod",
+    "Rendezvous",
+    "TCPStoreInitMethod",
+    "TcpInitMethod",
+    "default_init_method_for",
+    "init_method_handler",
+    "register_init_method",
+    "rendezvous_file_for_job",
+    "resolve_init_method",
+    "validate_init_method",
+]

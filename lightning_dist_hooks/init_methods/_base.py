@@ -1,0 +1,161 @@
+"""What every ``torch_dist_init_method`` handler is, and the registry that maps a URL scheme to one."""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass
+from typing import Any, Optional
+from urllib.parse import SplitResult, urlsplit
+
+from lightning_fabric.plugins.environments import ClusterEnvironment
+
+
+@dataclass(frozen=True)
+class Rendezvous:
+    """What one rank uses to meet the others: ``init_method`` is passed to ``setup_distributed_backend``.
+
+    A handler that keeps state between :meth:`InitMethod.prepare` and :meth:`InitMethod.finish` (files it made,
+    a helper process) returns a subclass carrying it.
+    """
+
+    init_method: str
+
+
+class InitMethod:
+    """A scheme handler. Subclasses set ``scheme`` and override the steps they need; every step has a default.
+
+    The steps, in the order they run:
+
+    * :meth:`validate` in ``Trainer(...)``, before any process starts: syntax and local checks;
+    * :meth:`check_backend` right after, with the validated ``torch_dist_backend``;
+    * :meth:`resolve` in ``Trainer(...)`` once the cluster environment is known: the URL every rank will use;
+    * :meth:`prepare` on each rank, just before the process group is created;
+    * :meth:`waiting_for` while it waits, and :meth:`missing_ranks` when it timed out, for the messages;
+    * :meth:`finish` on each rank at exit, after the process group is destroyed.
+
+    Example, a scheme that reads the address of rank 0 from a file written by the job script::
+
+        class HostFileInitMethod(InitMethod):
+            scheme = "hostfile"
+
+            def prepare(self, url, cluster_environment):
+                host = Path(urlsplit(url).path).read_text().strip()
+                return Rendezvous(f"tcp://{host}:29500")
+
+        register_init_method(HostFileInitMethod())
+    """
+
+    scheme: str = ""
+
+    def validate(self, url: str, parts: SplitResult) -> str:
+        """Return the URL to keep, or raise ``ValueError`` naming ``url`` and the fix. Default: keep ``url``."""
+        return url
+
+    def check_backend(self, url: str, backend: Optional[str]) -> None:
+        """Raise ``ValueError`` when ``url`` cannot work with ``backend`` (None: Lightning's choice)."""
+
+    def default_for_backend(self, backend: Optional[str]) -> Optional[str]:
+        """The URL to use when ``backend`` is chosen without an init method, if this scheme is its natural one."""
+        return None
+
+    def resolve(self, url: str, cluster_environment: ClusterEnvironment, num_nodes: int) -> str:
+        """Turn ``url`` into the one every rank of this launch uses; raise ``ValueError`` if none can exist."""
+        return url
+
+    def prepare(self, url: str, cluster_environment: ClusterEnvironment) -> Rendezvous:
+        """Get this rank ready to meet the others through ``url``. If it raises, it leaves nothing behind."""
+        return Rendezvous(url)
+
+    def waiting_for(self, rendezvous: Rendezvous, world_size: int) -> Optional[list[int]]:
+        """The ranks that have not arrived yet, while this rank waits; None when the rendezvous cannot tell."""
+        return None
+
+    def missing_ranks(self, rendezvous: Rendezvous, world_size: int, error: Exception) -> str:
+        """Say which ranks never arrived, as far as this rank can tell, for a rendezvous timeout message."""
+        return "which ranks are missing cannot be known from this rank"
+
+    def finish(self, rendezvous: Rendezvous) -> None:
+        """Undo what :meth:`prepare` set up; runs at exit, after the process group is destroyed."""
+
+
+class AddresslessInitMethod(InitMethod):
+    """A scheme whose whole URL is ``SCHEME://``: where the ranks meet is known from elsewhere."""
+
+    # Completes "SCHEME:// takes no address; ..." in the error for a URL that names one: where the address
+    # comes from instead, and what to write.
+    address_source: str = ""
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if "where_ranks_meet" in cls.__dict__:
+            warnings.warn(f"{cls.__name__}.where_ranks_meet is deprecated; name it address_source",
+                          DeprecationWarning, stacklevel=2)
+            cls.address_source = cls.__dict__["where_ranks_meet"]
+
+    def validate(self, url: str, parts: SplitResult) -> str:
+        if parts.netloc or parts.path not in ("", "/"):
+            raise ValueError(
+                f"torch_dist_init_method={url!r}: {self.scheme}:// takes no address; {self.address_source}"
+            )
+        return f"{self.scheme}://"
+
+
+_REGISTRY: dict[str, InitMethod] = {}
+
+
+def register_init_method(handler: InitMethod, replace: bool = False) -> None:
+    """Make ``torch_dist_init_method`` accept URLs of ``handler.scheme``.
+
+    A scheme that has a handler already is replaced only with ``replace=True`` (as torch's
+    ``register_rendezvous_handler`` refuses silent replacement)::
+
+        register_init_method(HostFileInitMethod())
+        register_init_method(MyFileInitMethod(), replace=True)  # takes file:// over
+    """
+    scheme = handler.scheme.lower()
+    if not scheme:
+        raise ValueError(f"{type(handler).__name__} sets no scheme: give the class a `scheme = \"name\"` attribute.")
+    if scheme in _REGISTRY and not replace:
+        raise ValueError(
+            f"torch_dist_init_method scheme {scheme!r} already has a handler ({type(_REGISTRY[scheme]).__name__}). "
+            "Pass replace=True to register_init_method to replace it."
+        )
+    _REGISTRY[scheme] = handler
+
+
+def init_method_handler(url: str) -> InitMethod:
+    """The handler registered for ``url``'s scheme (``url`` already validated)."""
+    return _REGISTRY[urlsplit(url).scheme.lower()]
+
+
+def validate_init_method(url: str) -> str:
+    """Check ``url`` before any process starts; return the form to keep.
+
+    >>> validate_init_method("tcp://127.0.0.1:29500")
+    'tcp://127.0.0.1:29500'
+    """
+    if not isinstance(url, str):
+        raise TypeError(f"torch_dist_init_method must be a string or None, got {url!r} ({type(url).__name__}).")
+    parts = urlsplit(url.strip())
+    handler = _REGISTRY.get(parts.scheme.lower())
+    if handler is None:
+        problem = f"has an unknown scheme {parts.scheme!r}" if parts.scheme else "has no scheme"
+        raise ValueError(
+            f"torch_dist_init_method={url!r} {problem}. Use one of: "
+            f"{', '.join(scheme + '://' for scheme in sorted(_REGISTRY))} (or None for Lightning's default)."
+        )
+    return handler.validate(url.strip(), parts)
+
+
+def default_init_method_for(backend: Optional[str]) -> Optional[str]:
+    """The URL a registered scheme offers as ``backend``'s natural rendezvous, or None for Lightning's ``env://``."""
+    for handler in _REGISTRY.values():
+        url = handler.default_for_backend(backend)
+        if url is not None:
+            return url
+    return None
+
+
+def resolve_init_method(url: str, cluster_environment: ClusterEnvironment, num_nodes: int) -> str:
+    """The URL every rank of this launch uses for the validated ``url``."""
+    return init_method_handler(url).resolve(url, cluster_environment, num_nodes)

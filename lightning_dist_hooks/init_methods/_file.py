@@ -1,0 +1,387 @@
+"""``file://``: ranks meet through a file on a filesystem they all share; nobody listens."""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import logging
+import os
+import re
+import stat
+import struct
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Optional
+from urllib.parse import SplitResult, urlsplit
+
+from lightning_fabric.plugins.environments import ClusterEnvironment
+
+from lightning_dist_hooks.init_methods._base import InitMethod, Rendezvous
+from lightning_dist_hooks.init_methods._private_files import (
+    describe,
+    open_private_directory,
+    open_shared_directory,
+    private_directory_name,
+    private_file_problem,
+    shared_directory_problem,
+)
+from lightning_dist_hooks.janitor import Janitor
+from lightning_dist_hooks.launches import launch_identity, no_identity_shared_by_nodes
+
+log = logging.getLogger(__name__)
+
+_CREATE = os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+_OPEN_EXISTING = os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC
+# A FileStore writes under an exclusive flock for microseconds; holding it longer means a stuck process.
+_LOCK_WAIT_S = 5.0
+
+
+@dataclass(frozen=True)
+class FileRendezvous(Rendezvous):
+    """A ``file://`` rendezvous on one rank: the file, this rank's claim on it, and what removes them."""
+
+    file: Path = Path()
+    claim: Path = Path()
+    shared_fd: int = -1
+    directory_fd: int = -1
+    janitor: Optional[Janitor] = None
+    # Names in the private directory this rank created or took over, oldest first: what ``finish`` removes.
+    owned: list[str] = field(default_factory=list)
+
+    def own(self, name: str, descriptor: int) -> None:
+        if self.janitor is not None:
+            self.janitor.watch(name, descriptor)
+        self.owned.append(name)
+
+
+class FileInitMethod(InitMethod):
+    """``file:///ABSOLUTE/PATH``: ranks meet through a file on a filesystem they all share; nobody listens.
+
+    ``file:///DIR/`` (with the trailing slash) means one file per launch inside DIR, named by
+    :func:`rendezvous_file_for_job` from the launch's identity; :meth:`resolve` names it in ``Trainer(...)``
+    (``ddp_spawn`` children receive the resolved URL, ``ddp`` children and externally launched ranks resolve the
+    same one from the same identity). ``file:///DIR/NAME`` is the file NAME.
+
+    **Other users.** The file is never opened in DIR itself but in this user's private directory inside it,
+    ``DIR/ldh-uid-<UID>/NAME`` (see ``_private_files``): nobody else can plant, replace or read it there.
+
+    **Leftover files.** torch's FileStore must start from a missing or empty file: one left by an earlier run
+    (a crash, a kill) deadlocks or connects the wrong processes. The per-launch identity avoids reuse where the
+    launcher names each launch (a SLURM requeue has a new restart count, torchrun a new restart count, Flux a
+    new job id, ``ddp`` a new token). Where an identity can repeat (several ``mpiexec`` in one PBS job, torchrun
+    without ``--rdzv-id``, an explicit path), each rank first claims the file by creating ``NAME.rank<R>.claim``
+    with O_EXCL, records in it the identity (device and inode) of the file it then opens, and removes the claim
+    only after removing the file at exit. So:
+
+    * a claim for rank R that already exists was made by another process holding rank R: never by a peer of this
+      launch, which has exactly one rank R. It is an earlier run's (or a concurrent run's with the same identity);
+    * if it records the identity of the file that exists now, that file is the earlier run's, and this rank stops
+      with an error naming both (nothing is deleted automatically);
+    * otherwise (no file, another file, or an empty claim) the earlier holder of rank R never used this file: it
+      was made by a live process, and the old claim is harmless and is taken over. This holds however far apart
+      the ranks arrive: it rests on which file the claim names, not on when anything happened.
+
+    Every rank that took part in the earlier run finds its claim and stops at once instead of deadlocking; the
+    launchers here (mpirun, srun, torchrun) then stop the other ranks. A rank that had not reached its claim in
+    the earlier run waits at most the process-group timeout, which then names the file. (A new file that reuses
+    the inode number of an earlier run's removed file looks like that file: an error asking to remove it, never a
+    wrong connection.)
+    """
+
+    scheme = "file"
+
+    def validate(self, url: str, parts: SplitResult) -> str:
+        path = Path(parts.path)
+        if parts.netloc or not path.is_absolute():
+            shown = f"{parts.netloc}{parts.path}"
+            raise ValueError(
+                f"torch_dist_init_method={url!r}: the rendezvous file must be an absolute path, but {shown!r} is "
+                "relative. Write three slashes before an absolute path, e.g. 'file:///shared/run42/rendezvous'."
+            )
+        per_launch = parts.path.endswith("/")
+        directory = path if per_launch else path.parent
+        entry = _entry_at(path)  # never followed: whatever another user planted there is not opened
+        if not per_launch and entry is not None and stat.S_ISDIR(entry.st_mode):
+            raise ValueError(
+                f"torch_dist_init_method={url!r} names {describe(path, entry)}, not a file. For one file "
+                f"per launch inside it, end the URL with a slash ('file://{path}/'); otherwise name a file."
+            )
+        if not directory.is_dir():
+            raise ValueError(
+                f"torch_dist_init_method={url!r}: the directory {str(directory)!r} does not exist. "
+                "Create it on a filesystem every node shares, or name another one."
+            )
+        problem = shared_directory_problem(directory)
+        if problem is not None:
+            raise ValueError(f"torch_dist_init_method={url!r}: {problem}")
+        if not _can_create_files_in(directory):
+            raise ValueError(
+                f"torch_dist_init_method={url!r}: the directory {str(directory)!r} is not writable by this user, "
+                "so the rendezvous file cannot be created there. Choose a directory you can write to."
+            )
+        return f"file://{path}/" if per_launch else f"file://{path}"
+
+    def resolve(self, url: str, cluster_environment: ClusterEnvironment, num_nodes: int) -> str:
+        if not url.endswith("/"):
+            return url
+        directory = urlsplit(url).path
+        identity = launch_identity(cluster_environment)
+        if identity is None:
+            raise ValueError(
+                f"torch_dist_init_method={url!r}: {type(cluster_environment).__name__} names no job to call the "
+                "rendezvous file after, so the ranks could not agree on one without talking to each other. Name a "
+                f"file unique to this run instead, e.g. 'file://{directory}run42' (a per-job file needs SLURM, Flux, "
+                "LSF, PBS, torchrun, OpenMPI's mpirun, or Lightning's own launcher)."
+            )
+        reason = no_identity_shared_by_nodes(cluster_environment, num_nodes)
+        if reason is not None:
+            raise ValueError(
+                f"torch_dist_init_method={url!r} with num_nodes={num_nodes}: {reason}, so the nodes would each wait "
+                f"for their own rendezvous file until the timeout. Name a file unique to this run instead, e.g. "
+                f"'file://{directory}run42' (the same on every node), or launch with a launcher that names the "
+                "job on every node (srun, torchrun --rdzv-id, mpirun)."
+            )
+        return rendezvous_file_for_job(url, identity)
+
+    def prepare(self, url: str, cluster_environment: ClusterEnvironment) -> FileRendezvous:
+        requested = Path(urlsplit(url).path)
+        rank = cluster_environment.global_rank()
+        shared_fd, problem = open_shared_directory(requested.parent)
+        if problem is not None:
+            raise RuntimeError(f"torch_dist_init_method={url!r}: {problem}")
+        directory_fd, problem = open_private_directory(shared_fd, requested.parent)
+        if problem is not None:
+            os.close(shared_fd)
+            raise RuntimeError(f"torch_dist_init_method={url!r}: {problem}")
+        directory = requested.parent / private_directory_name()
+        path = directory / requested.name
+        rendezvous = FileRendezvous(
+            f"file://{path}", file=path, claim=directory / _claim_name(requested.name, rank),
+            shared_fd=shared_fd, directory_fd=directory_fd,
+            # Started before anything is created, so that nothing created can outlive a killed rank.
+            janitor=Janitor(directory_fd, shared_fd, directory.name),
+        )
+        try:
+            claim_fd = self._claim(url, rendezvous, rank)
+            try:
+                file_fd = _open_rendezvous_file(url, rendezvous)
+                try:
+                    rendezvous.own(path.name, file_fd)
+                    _record_identity(claim_fd, os.fstat(file_fd))
+                finally:
+                    os.close(file_fd)
+            finally:
+                os.close(claim_fd)
+        except BaseException:
+            self.finish(rendezvous)
+            raise
+        return rendezvous
+
+    def _claim(self, url: str, rendezvous: FileRendezvous, rank: int) -> int:
+        name = rendezvous.claim.name
+        try:
+            descriptor = os.open(name, _CREATE | os.O_RDWR, 0o600, dir_fd=rendezvous.directory_fd)
+        except FileExistsError:
+            descriptor = _take_over_stale_claim(url, rendezvous, rank)
+        rendezvous.own(name, descriptor)
+        return descriptor
+
+    def waiting_for(self, rendezvous: Rendezvous, world_size: int) -> Optional[list[int]]:
+        assert isinstance(rendezvous, FileRendezvous)
+        try:
+            file = os.stat(rendezvous.file.name, dir_fd=rendezvous.directory_fd, follow_symlinks=False)
+        except FileNotFoundError:
+            return None
+        return [rank for rank in range(world_size)
+                if _claimed_identity(rendezvous, _claim_name(rendezvous.file.name, rank)) != _identity(file)]
+
+    def missing_ranks(self, rendezvous: Rendezvous, world_size: int, error: Exception) -> str:
+        missing = self.waiting_for(rendezvous, world_size)
+        if missing is None:
+            return f"no rank is using {rendezvous.init_method} any more"
+        return f"ranks that never arrived: {missing}"
+
+    def finish(self, rendezvous: Rendezvous) -> None:
+        """Remove this rank's files, each on its own (a failure is reported, the others are still removed)."""
+        assert isinstance(rendezvous, FileRendezvous)
+        failures = []
+        # Newest first: the file before its claim (see the class docstring). Every rank removes the file after
+        # destroying its own group. A FileStore recreates a missing file only from inside its destructor, which
+        # the destroy has already run; a peer's destructor may recreate it (mode 0644, but inside the private
+        # directory), which is why that peer removes it by name too.
+        for name in reversed(rendezvous.owned):
+            try:
+                os.unlink(name, dir_fd=rendezvous.directory_fd)
+            except FileNotFoundError:
+                pass
+            except OSError as error:
+                failures.append(f"{rendezvous.file.parent / name}: {error.strerror}")
+        _remove_if_empty(rendezvous)
+        os.close(rendezvous.directory_fd)
+        os.close(rendezvous.shared_fd)
+        if rendezvous.janitor is not None:
+            rendezvous.janitor.dismiss()
+        if failures:
+            log.warning("could not remove the rendezvous files %s; remove them by hand", "; ".join(failures))
+
+
+def rendezvous_file_for_job(directory_url: str, identity: str) -> str:
+    """``file:///DIR/ldh-rendezvous-<identity>``: the identity made a file name, plus a hash of it.
+
+    >>> rendezvous_file_for_job("file:///shared/rdzv/", "SLURM_JOB_ID=42,SLURM_STEP_ID=0")
+    'file:///shared/rdzv/ldh-rendezvous-SLURM_JOB_ID-42-SLURM_STEP_ID-0-a03f6c3c'
+    """
+    readable = re.sub(r"[^A-Za-z0-9_.]+", "-", identity)[:150]
+    # Two identities that differ only in characters a file name cannot hold stay apart.
+    digest = hashlib.sha256(identity.encode()).hexdigest()[:8]
+    return f"{directory_url}ldh-rendezvous-{readable}-{digest}"
+
+
+def _can_create_files_in(directory: Path) -> bool:
+    # A real probe file, not os.access: access() says yes to root everywhere, and knows nothing of
+    # read-only mounts or quotas on a shared filesystem. mkstemp opens with O_EXCL|O_NOFOLLOW.
+    try:
+        descriptor, probe = tempfile.mkstemp(dir=directory, prefix=".lightning-dist-hooks-probe-")
+    except OSError:
+        return False
+    os.close(descriptor)
+    os.unlink(probe)
+    return True
+
+
+def _entry_at(path: Path) -> Optional[os.stat_result]:
+    try:
+        return os.lstat(path)
+    except OSError:
+        return None
+
+
+def _claim_name(file_name: str, rank: int) -> str:
+    return f"{file_name}.rank{rank}.claim"
+
+
+def _identity(status: os.stat_result) -> tuple[int, int]:
+    return status.st_dev, status.st_ino
+
+
+def _record_identity(claim_fd: int, file: os.stat_result) -> None:
+    os.ftruncate(claim_fd, 0)
+    os.pwrite(claim_fd, f"{file.st_dev} {file.st_ino}\n".encode(), 0)
+
+
+def _claimed_identity(rendezvous: FileRendezvous, claim_name: str) -> Optional[tuple[int, int]]:
+    """The identity of the file a claim records, or None (no claim, or its rank died before opening a file)."""
+    try:
+        descriptor = os.open(claim_name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=rendezvous.directory_fd)
+    except OSError:
+        return None
+    try:
+        fields = os.read(descriptor, 64).split()
+    finally:
+        os.close(descriptor)
+    return (int(fields[0]), int(fields[1])) if len(fields) == 2 and all(f.isdigit() for f in fields) else None
+
+
+def _take_over_stale_claim(url: str, rendezvous: FileRendezvous, rank: int) -> int:
+    descriptor = os.open(rendezvous.claim.name, _OPEN_EXISTING, dir_fd=rendezvous.directory_fd)
+    problem = private_file_problem(rendezvous.claim, os.fstat(descriptor))
+    if problem is not None:
+        os.close(descriptor)
+        raise RuntimeError(f"torch_dist_init_method={url!r}: {problem}")
+    claimed = _claimed_identity(rendezvous, rendezvous.claim.name)
+    try:
+        current = _identity(os.stat(rendezvous.file.name, dir_fd=rendezvous.directory_fd, follow_symlinks=False))
+    except FileNotFoundError:
+        current = None
+    if claimed is not None and claimed == current:
+        os.close(descriptor)
+        path, claim = rendezvous.file, rendezvous.claim
+        raise RuntimeError(
+            f"torch_dist_init_method={url!r}: rank {rank} found {claim} and {path} left by an earlier run with "
+            "the same job identity that did not finish cleanly (or another run with this identity is using "
+            "them now). A reused rendezvous file deadlocks or connects the wrong processes, so this run stops. "
+            f"Once no run uses them, remove {path} and {path}.rank*.claim, then start again."
+        )
+    return descriptor
+
+
+def _open_rendezvous_file(url: str, rendezvous: FileRendezvous) -> int:
+    """Create the file (0600), or open an existing one after checking it is ours and a FileStore log."""
+    name = rendezvous.file.name
+    try:
+        return os.open(name, _CREATE | os.O_RDWR, 0o600, dir_fd=rendezvous.directory_fd)
+    except FileExistsError:
+        pass
+    try:
+        descriptor = os.open(name, _OPEN_EXISTING | os.O_NONBLOCK, dir_fd=rendezvous.directory_fd)
+    except OSError as error:
+        status = os.stat(name, dir_fd=rendezvous.directory_fd, follow_symlinks=False)
+        raise RuntimeError(
+            f"torch_dist_init_method={url!r}: {private_file_problem(rendezvous.file, status) or error.strerror}"
+        ) from None
+    try:
+        problem = private_file_problem(rendezvous.file, os.fstat(descriptor))
+        if problem is None:
+            log_problem = _filestore_log_problem(descriptor)
+            problem = None if log_problem is None else f"{rendezvous.file} {log_problem}"
+    except BaseException:
+        os.close(descriptor)
+        raise
+    if problem is not None:
+        os.close(descriptor)
+        raise RuntimeError(f"torch_dist_init_method={url!r}: {problem}")
+    return descriptor
+
+
+def _filestore_log_problem(descriptor: int) -> Optional[str]:
+    """Why the file is not a log torch's FileStore can read, or None.
+
+    A FileStore file is a sequence of (key, value) records, each string a 4-byte length and its bytes, appended
+    under an exclusive ``flock``. torch trusts the lengths: junk makes it read a huge length and loop forever while
+    holding the lock. So the whole file is parsed here first, under a shared lock (as FileStore's own readers).
+    """
+    deadline = time.monotonic() + _LOCK_WAIT_S
+    while True:
+        try:
+            fcntl.flock(descriptor, fcntl.LOCK_SH | fcntl.LOCK_NB)
+            break
+        except BlockingIOError:
+            if time.monotonic() > deadline:
+                return (f"has been locked by another process for over {_LOCK_WAIT_S:g} s (a stuck rank of an earlier "
+                        "run?). Stop that process, remove the file, then start again.")
+            time.sleep(0.01)
+    try:
+        content = os.pread(descriptor, os.fstat(descriptor).st_size, 0)
+    finally:
+        fcntl.flock(descriptor, fcntl.LOCK_UN)
+    position, strings = 0, 0
+    while position < len(content):
+        if position + 4 > len(content):
+            return _not_a_log(len(content), f"a record length at byte {position} is cut off")
+        (length,) = struct.unpack_from("=I", content, position)
+        position += 4 + length
+        if position > len(content):
+            return _not_a_log(len(content), f"a record at byte {position - 4 - length} claims {length} bytes")
+        strings += 1
+    if strings % 2:
+        return _not_a_log(len(content), "it ends with a key that has no value")
+    return None
+
+
+def _not_a_log(size: int, detail: str) -> str:
+    return (f"is not a torch FileStore log ({detail}; the file has {size} bytes): it is corrupted or was never "
+            "one, and torch would hang reading it. Remove it, then start again.")
+
+
+def _remove_if_empty(rendezvous: FileRendezvous) -> None:
+    """Remove the private directory when this was its last file, so that a clean run leaves DIR as it was."""
+    directory = os.fstat(rendezvous.directory_fd)
+    name = rendezvous.file.parent.name
+    try:
+        current = os.stat(name, dir_fd=rendezvous.shared_fd, follow_symlinks=False)
+        if stat.S_ISDIR(current.st_mode) and _identity(current) == _identity(directory):
+            os.rmdir(name, dir_fd=rendezvous.shared_fd)
+    except OSError:
+        pass  # gone already, or another rank or run of this user still has files in it

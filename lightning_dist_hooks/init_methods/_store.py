@@ -1,0 +1,83 @@
+"""``env://`` and ``tcp://``: rank 0 runs torch's ``TCPStore`` and the other ranks connect to it."""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import re
+from urllib.parse import SplitResult
+
+from lightning_fabric.plugins.environments import ClusterEnvironment
+
+from lightning_dist_hooks.init_methods._base import AddresslessInitMethod, InitMethod, Rendezvous
+
+
+class TCPStoreInitMethod(InitMethod):
+    """What the schemes served by a ``TCPStore`` share: how a timeout tells the missing ranks."""
+
+    def missing_ranks(self, rendezvous: Rendezvous, world_size: int, error: Exception) -> str:
+        # Rank 0's TCPStore counts connected clients, its own included, but does not say which ranks they are.
+        joined = re.search(r"(\d+)/(\d+) clients joined", str(error))
+        if joined is None:
+            return super().missing_ranks(rendezvous, world_size, error)
+        arrived, expected = map(int, joined.groups())
+        if arrived == 1:
+            return f"ranks that never arrived: {list(range(1, expected))}"
+        return f"{expected - arrived} of {expected} ranks never arrived (a TCP rendezvous does not say which)"
+
+
+class EnvInitMethod(AddresslessInitMethod, TCPStoreInitMethod):
+    """``env://``: torch reads ``MASTER_ADDR``/``MASTER_PORT``, which Lightning takes from the cluster environment."""
+
+    scheme = "env"
+    address_source = ("the address comes from MASTER_ADDR and MASTER_PORT (or your cluster environment). "
+                      "Use 'env://', or 'tcp://HOST:PORT' to name one.")
+
+    def prepare(self, url: str, cluster_environment: ClusterEnvironment) -> Rendezvous:
+        # Exactly what Lightning's own ``_init_dist_connection`` does before ``init_process_group``.
+        os.environ["MASTER_ADDR"] = cluster_environment.main_address
+        os.environ["MASTER_PORT"] = str(cluster_environment.main_port)
+        return Rendezvous("env://")
+
+
+_HOSTNAME = re.compile(r"^(?=.{1,253}$)[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*\.?$")
+
+
+class TcpInitMethod(TCPStoreInitMethod):
+    """``tcp://HOST:PORT``: rank 0 listens on HOST:PORT, the other ranks connect to it."""
+
+    scheme = "tcp"
+
+    def validate(self, url: str, parts: SplitResult) -> str:
+        host = parts.hostname or ""
+        try:
+            port = parts.port
+        except ValueError:
+            port = -1
+        if port is None or not 0 < port < 65536:
+            raise ValueError(
+                f"torch_dist_init_method={url!r} needs a port between 1 and 65535 that rank 0 can listen on, "
+                "e.g. 'tcp://10.0.0.1:29500'."
+            )
+        # Syntax only: the launching node may not resolve compute-node names, so no DNS lookup here.
+        if not (_is_ip_address(host) or _HOSTNAME.match(host)):
+            raise ValueError(
+                f"torch_dist_init_method={url!r}: {host!r} is not a host name or IP address. "
+                "Give rank 0's address, e.g. 'tcp://10.0.0.1:29500' or 'tcp://node001:29500'."
+            )
+        return url
+
+    def prepare(self, url: str, cluster_environment: ClusterEnvironment) -> Rendezvous:
+        # Under torchrun, TORCHELASTIC_USE_AGENT_STORE=True makes init_process_group take tcp://HOST:PORT for the
+        # agent's own store and connect every rank, rank 0 too, as a client: nobody would listen on the port named
+        # here, and all ranks would wait until the timeout. tcp://HOST:PORT means rank 0 listens there.
+        os.environ.pop("TORCHELASTIC_USE_AGENT_STORE", None)
+        return Rendezvous(url)
+
+
+def _is_ip_address(host: str) -> bool:
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    return True

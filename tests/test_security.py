@@ -1,0 +1,449 @@
+"""``file://`` against another user of the same shared filesystem (issue 9), with real unprivileged users.
+
+As root, the tests create two users, ``ldh-victim`` and ``ldh-attacker`` (and a group ``ldh-project`` holding
+both), and run the victim's ranks and the attacker's processes as them. The victim's job is started as Flux
+starts it (its job id is public, so the per-job file name is predictable). Every attack runs with
+``fs.protected_regular``/``fs.protected_symlinks`` at 0 (as on NFS and Lustre) and at the distribution's
+defaults, with a per-job (``file:///DIR/``) and an explicit (``file:///DIR/NAME``) path. The victim must never
+complete a fit with a foreign rank, never wait past its timeout, never create a file outside the rendezvous
+directory, and must get a message naming the path and its owner.
+"""
+
+from __future__ import annotations
+
+import grp
+import json
+import logging
+import os
+import pwd
+import shutil
+import stat
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from helpers import FIT_JOB, Rank, job_environment
+from lightning_dist_hooks.init_methods import FileInitMethod, rendezvous_file_for_job
+
+VICTIM, ATTACKER, PROJECT_GROUP = "ldh-victim", "ldh-attacker", "ldh-project"
+JOB_ID = "f42security"
+TIMEOUT_S = 20  # the victim's process-group timeout
+STARTUP_S = 40  # a rank's start-up on a busy 2-core machine, before its rendezvous begins
+FIT_FLAGS = ["--backend", "gloo", "--setup-hook", "record", "--epochs", "1", "--timeout", str(TIMEOUT_S)]
+# Debian's /usr/lib/sysctl.d/protect-links.conf
+DISTRIBUTION_DEFAULTS = {"protected_regular": "2", "protected_symlinks": "1"}
+
+pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="creating users and running processes as them needs root")
+
+
+def _ensure_user(name: str) -> None:
+    if subprocess.run(["id", "-u", name], capture_output=True).returncode != 0:
+        created = subprocess.run(["useradd", "--system", "--user-group", "--no-create-home", "--shell",
+                                  "/usr/sbin/nologin", name], capture_output=True, text=True)
+        # Another session may have created it meanwhile: only its absence now is an error.
+        assert subprocess.run(["id", "-u", name], capture_output=True).returncode == 0, created.stderr
+
+
+def _unreadable_ancestor(path: Path) -> tuple[Path, str] | None:
+    """The first directory above ``path`` that other users cannot enter, and the name below it on the path."""
+    for parent, child in zip([*reversed(path.parents)][:-1], [*reversed(path.parents)][1:]):
+        if not os.stat(parent).st_mode & stat.S_IXOTH:
+            return parent, child.name
+    return None
+
+
+# Run as USER. Where the interpreter lives under a directory others cannot enter (pyenv in /root), a private
+# mount namespace shows only the interpreter's tree there (a tmpfs over the directory, the tree bound back in),
+# without changing the machine's permissions.
+_AS_USER = textwrap.dedent("""\
+    set -e
+    user=$1 blocked=$2 child=$3 stage=$4; shift 4
+    if [ -n "$blocked" ]; then
+        mount --bind "$blocked/$child" "$stage"
+        mount -t tmpfs -o mode=0755 tmpfs "$blocked"
+        mkdir "$blocked/$child"
+        mount --bind "$stage" "$blocked/$child"
+    fi
+    exec setpriv --reuid="$user" --regid="$user" --init-groups -- "$@"
+""")
+
+
+class Users:
+    def __init__(self, stage: Path) -> None:
+        self.stage = stage
+        self.blocked = _unreadable_ancestor(Path(sys.prefix).resolve())
+        self.uid = {name: pwd.getpwnam(name).pw_uid for name in (VICTIM, ATTACKER)}
+        self.gid = {name: pwd.getpwnam(name).pw_gid for name in (VICTIM, ATTACKER)}
+        self.project_gid = grp.getgrnam(PROJECT_GROUP).gr_gid
+
+    def command(self, user: str, command: list[str]) -> list[str]:
+        blocked, child = (str(self.blocked[0]), self.blocked[1]) if self.blocked else ("", "")
+        return ["unshare", "--mount", "--propagation", "private", "sh", "-c", _AS_USER, "sh", user, blocked, child,
+                str(self.stage), *command]
+
+    def popen(self, user: str, command: list[str], cwd: Path, log: Path, env: dict[str, str]) -> subprocess.Popen:
+        with open(log, "w") as output:
+            return subprocess.Popen(self.command(user, command), cwd=cwd, env=env, stdout=output,
+                                    stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+
+    def python(self, user: str, code: str, cwd: Path, **env: str) -> subprocess.CompletedProcess:
+        return subprocess.run(self.command(user, [sys.executable, "-c", code]), cwd=cwd, capture_output=True,
+                              text=True, timeout=120, env=job_environment(HOME=str(cwd), **env))
+
+
+@pytest.fixture(scope="session")
+def users():
+    for name in (VICTIM, ATTACKER):
+        _ensure_user(name)
+    subprocess.run(["groupadd", "-f", PROJECT_GROUP], check=True)
+    for name in (VICTIM, ATTACKER):
+        subprocess.run(["usermod", "-aG", PROJECT_GROUP, name], check=True)
+    stage = Path(tempfile.mkdtemp(prefix="ldh-security-stage-"))
+    users = Users(stage)
+    probe = users.python(VICTIM, "import torch, pytorch_lightning, lightning_dist_hooks", Path("/"))
+    assert probe.returncode == 0, f"{VICTIM} cannot run this interpreter and checkout:\n{probe.stderr[-3000:]}"
+    yield users
+    stage.rmdir()
+
+
+@pytest.fixture(params=["sysctl-zero", "sysctl-defaults"])
+def protections(request):
+    """fs.protected_regular and fs.protected_symlinks at 0 (NFS, Lustre) or the distribution's defaults."""
+    settings = {name: "0" for name in DISTRIBUTION_DEFAULTS} if request.param == "sysctl-zero" else DISTRIBUTION_DEFAULTS
+    saved = {name: Path(f"/proc/sys/fs/{name}").read_text().strip() for name in settings}
+    try:
+        for name, value in settings.items():
+            Path(f"/proc/sys/fs/{name}").write_text(value)
+        yield settings
+    finally:
+        for name, value in saved.items():
+            Path(f"/proc/sys/fs/{name}").write_text(value)
+
+
+@pytest.fixture
+def base(users):
+    """A directory every user can enter, holding the victim's home and whatever shared directories a test makes."""
+    directory = Path(tempfile.mkdtemp(prefix="ldh-security-"))
+    directory.chmod(0o755)
+    for name in (VICTIM, ATTACKER):
+        home = directory / f"home-{name}"
+        home.mkdir(mode=0o700)
+        os.chown(home, users.uid[name], users.gid[name])
+    yield directory
+    shutil.rmtree(directory)
+
+
+def shared_directory(base: Path, users: Users, kind: str) -> Path:
+    """A shared directory as clusters have them, made by its owner."""
+    directory = base / kind
+    if kind == "attacker-owned":  # made by the attacker in a public directory, as anyone can
+        public = base / "public"
+        public.mkdir(mode=0o755, exist_ok=True)
+        public.chmod(0o1777)
+        directory = public / kind
+        made = users.python(ATTACKER, f"import os; os.mkdir({str(directory)!r}); os.chmod({str(directory)!r}, 0o1777)",
+                            base / f"home-{ATTACKER}")
+        assert made.returncode == 0, made.stderr
+        return directory
+    directory.mkdir()
+    if kind == "world-writable-sticky":  # /tmp, /scratch
+        directory.chmod(0o1777)
+    elif kind == "group-writable-sticky":  # a project directory
+        os.chown(directory, 0, users.project_gid)
+        directory.chmod(0o1775)
+    return directory
+
+
+def victim_flux_rank(rank: int, base: Path) -> dict[str, str]:
+    return job_environment(FLUX_TASK_RANK=str(rank), FLUX_TASK_LOCAL_ID=str(rank), FLUX_JOB_SIZE="2",
+                           FLUX_JOB_NNODES="1", FLUX_JOB_ID=JOB_ID, PMI_RANK=str(rank), PMI_SIZE="2",
+                           HOME=str(base / f"home-{VICTIM}"))
+
+
+def predicted_name(directory: Path) -> str:
+    """What anyone who reads the job id computes for a per-job file."""
+    return Path(rendezvous_file_for_job(f"file://{directory}/", f"FLUX_JOB_ID={JOB_ID}")[len("file://"):]).name
+
+
+def victim_url(directory: Path, path_kind: str) -> tuple[str, str]:
+    """The victim's torch_dist_init_method, and the file name it leads to."""
+    if path_kind == "per-job":
+        return f"file://{directory}/", predicted_name(directory)
+    return f"file://{directory}/rdzv", "rdzv"
+
+
+class Run:
+    def __init__(self, returncode: int, output: str, elapsed: float, out_dir: Path) -> None:
+        self.returncode, self.output, self.elapsed = returncode, output, elapsed
+        self.records = sorted(out_dir.glob("rank*.json")) if out_dir.is_dir() else []
+
+
+def run_victim_ranks(users: Users, base: Path, url: str, ranks: list[int], attacker_rank_url: str | None = None,
+                     limit_s: float = TIMEOUT_S + STARTUP_S + 30) -> Run:
+    """The victim's ranks (and, if given, the attacker's process playing rank 1); killed after ``limit_s``."""
+    work = base / f"home-{VICTIM}"
+    out = work / "out"
+    processes, logs = [], []
+    started = time.monotonic()
+    for rank in ranks:
+        logs.append(work / f"rank{rank}.log")
+        processes.append(users.popen(VICTIM, [sys.executable, str(FIT_JOB), "--out", str(out), "--init-method", url,
+                                              *FIT_FLAGS], work, logs[-1], victim_flux_rank(rank, base)))
+    attacker = None
+    if attacker_rank_url is not None:
+        home = base / f"home-{ATTACKER}"
+        attacker = users.popen(ATTACKER, [sys.executable, str(FIT_JOB), "--out", str(home / "out"), "--init-method",
+                                          attacker_rank_url, *FIT_FLAGS], home, home / "rank1.log",
+                               {**victim_flux_rank(1, base), "HOME": str(home)})
+    try:
+        returncodes = [process.wait(timeout=max(1.0, limit_s - (time.monotonic() - started))) for process in processes]
+    except subprocess.TimeoutExpired:
+        returncodes = [-999]
+    elapsed = time.monotonic() - started
+    for process in [*processes, attacker]:
+        if process is not None and process.poll() is None:
+            process.kill()
+            process.wait(timeout=30)
+    output = "\n".join(f"===== {log.name}\n{log.read_text()[-4000:]}" for log in logs)
+    return Run(max(returncodes, key=abs), output, elapsed, out)
+
+
+def assert_refused(run: Run, named_path: Path, owner: str | None) -> None:
+    """The victim stopped at once, trained with nobody, and said which path (and whose) is the problem."""
+    assert run.returncode not in (0, -999), f"the victim's rank did not fail in {run.elapsed:.0f} s:\n{run.output}"
+    assert run.elapsed < TIMEOUT_S + STARTUP_S, f"the victim waited {run.elapsed:.0f} s:\n{run.output}"
+    assert not run.records, "the victim completed a fit"
+    assert str(named_path) in run.output, run.output
+    if owner is not None:
+        assert f"owned by {owner}" in run.output, run.output
+
+
+def plant(users: Users, base: Path, code: str) -> None:
+    done = users.python(ATTACKER, textwrap.dedent(code), base / f"home-{ATTACKER}")
+    assert done.returncode == 0, done.stderr
+
+
+def private_directory(users: Users, shared: Path) -> Path:
+    return shared / f"ldh-uid-{users.uid[VICTIM]}"
+
+
+@pytest.mark.parametrize("path_kind", ["per-job", "explicit"])
+@pytest.mark.parametrize("directory_kind", ["world-writable-sticky", "group-writable-sticky", "attacker-owned"])
+def test_a_file_planted_at_the_predicted_name_never_joins_the_victims_job(users, base, protections, directory_kind,
+                                                                          path_kind):
+    shared = shared_directory(base, users, directory_kind)
+    url, name = victim_url(shared, path_kind)
+    private = private_directory(users, shared)
+    # The attacker pre-creates the file, mode 0666, where the victim's job will look for it (in the shared
+    # directory itself, and in the victim's per-user directory, whose name holds the public uid), then plays rank 1.
+    plant(users, base, f"""
+        import os
+        for directory in ({str(shared)!r}, {str(private)!r}):
+            if directory == {str(private)!r}:
+                os.mkdir(directory, 0o777)
+                os.chmod(directory, 0o777)
+            os.close(os.open(os.path.join(directory, {name!r}), os.O_CREAT | os.O_WRONLY, 0o666))
+            os.chmod(os.path.join(directory, {name!r}), 0o666)
+    """)
+    run = run_victim_ranks(users, base, url, [0], attacker_rank_url=f"file://{shared}/{name}")
+    refused = shared if directory_kind == "attacker-owned" else private
+    assert_refused(run, refused, ATTACKER)
+
+
+@pytest.mark.parametrize("path_kind", ["per-job", "explicit"])
+def test_a_symlink_at_the_predicted_name_is_never_followed(users, base, protections, path_kind):
+    shared = shared_directory(base, users, "world-writable-sticky")
+    url, name = victim_url(shared, path_kind)
+    private = private_directory(users, shared)
+    home = base / f"home-{VICTIM}"
+    plant(users, base, f"""
+        import os
+        os.symlink({str(home / "planted-target")!r}, os.path.join({str(shared)!r}, {name!r}))
+        os.symlink({str(home)!r}, {str(private)!r})
+    """)
+    run = run_victim_ranks(users, base, url, [0, 1])
+    assert_refused(run, private, ATTACKER)
+    # What the job itself puts in its home (logs, its out directory, caches) is all there is.
+    created = sorted(path.name for path in home.iterdir()
+                     if path.suffix != ".log" and path.name != "out" and not path.name.startswith("."))
+    assert created == [], "the victim created files where the attacker's symlink pointed"
+
+
+@pytest.mark.parametrize("path_kind", ["per-job", "explicit"])
+def test_junk_in_the_victims_own_leftover_file_is_an_error_not_a_hang(users, base, protections, path_kind):
+    shared = shared_directory(base, users, "world-writable-sticky")
+    url, name = victim_url(shared, path_kind)
+    private = private_directory(users, shared)
+    # A few bytes of junk in a file of the victim's own (a crash mid-write): FileStore would read a huge record
+    # length and loop forever holding its lock. Planted where the old and the new code look.
+    made = users.python(VICTIM, textwrap.dedent(f"""
+        import os
+        os.mkdir({str(private)!r}, 0o700)
+        for directory in ({str(shared)!r}, {str(private)!r}):
+            descriptor = os.open(os.path.join(directory, {name!r}), os.O_CREAT | os.O_WRONLY, 0o600)
+            os.write(descriptor, b"\\xff\\xff\\xff\\x7fjunk")
+            os.close(descriptor)
+    """), base / f"home-{VICTIM}")
+    assert made.returncode == 0, made.stderr
+    run = run_victim_ranks(users, base, url, [0, 1])
+    assert_refused(run, private / name, owner=None)
+    assert "is not a torch FileStore log" in run.output
+
+
+def test_an_honest_two_rank_run_in_a_world_writable_sticky_directory_trains(users, base):
+    shared = shared_directory(base, users, "world-writable-sticky")
+    run = run_victim_ranks(users, base, f"file://{shared}/", [0, 1])
+    assert run.returncode == 0, run.output
+    records = [json.loads(path.read_text()) for path in run.records]
+    assert sorted(record["rank"] for record in records) == [0, 1]
+    assert len({record["weights_sha256"] for record in records}) == 1
+    private = private_directory(users, shared)
+    for record in records:
+        assert record["setup_calls"][0]["init_method"].startswith(f"file://{private}/ldh-rendezvous-FLUX_JOB_ID-")
+    assert list(shared.iterdir()) == [], "a clean run leaves the shared directory as it found it"
+
+
+_TRAINER = """
+import json, os, sys
+from lightning_dist_hooks import Trainer
+results = {}
+for url in sys.argv[1:]:
+    try:
+        Trainer(accelerator="cpu", devices=2, strategy="ddp", logger=False, torch_dist_init_method=url)
+        results[url] = "accepted"
+    except ValueError as error:
+        results[url] = str(error)
+print(json.dumps(results))
+"""
+
+
+def test_directories_other_users_control_are_refused_at_trainer_construction(users, base):
+    world_writable = base / "world-writable"
+    world_writable.mkdir()
+    world_writable.chmod(0o777)
+    attacker_owned = shared_directory(base, users, "attacker-owned")
+    real = base / f"home-{VICTIM}"
+    link = base / "link-to-victim-home"
+    link.symlink_to(real)
+    sticky = shared_directory(base, users, "world-writable-sticky")
+    plant(users, base, f"import os; os.mkdir({str(sticky / 'rdzv')!r}, 0o777)")
+    cases = {
+        f"file://{world_writable}/": (str(world_writable), "without the sticky bit", "chmod +t"),
+        f"file://{attacker_owned}/": (str(attacker_owned), f"owned by {ATTACKER}", "Use a directory owned by you"),
+        f"file://{link}/": (str(link), "is a symbolic link", f"file://{real}/"),
+        # A directory created at the victim's explicit file name does not switch to per-job files inside it.
+        f"file://{sticky}/rdzv": (str(sticky / "rdzv"), f"owned by {ATTACKER}", "end the URL with a slash"),
+    }
+    done = subprocess.run(
+        users.command(VICTIM, [sys.executable, "-c", _TRAINER, *cases]), cwd=real, capture_output=True, text=True,
+        timeout=120, env=job_environment(HOME=str(real)))
+    assert done.returncode == 0, done.stderr[-3000:]
+    results = json.loads(done.stdout.strip().splitlines()[-1])
+    for url, expected in cases.items():
+        assert f"torch_dist_init_method={url!r}" in results[url], results[url]
+        for part in expected:
+            assert part in results[url], (url, results[url])
+
+
+def test_filestores_0644_reopen_exposes_nothing(users, base):
+    shared = shared_directory(base, users, "world-writable-sticky")
+    private = private_directory(users, shared)
+    # FileStore reopens its file by name with O_CREAT and mode 0644 on every operation: after an unlink it makes
+    # a world-readable file. Inside the per-user directory nobody else can reach it.
+    made = users.python(VICTIM, textwrap.dedent(f"""
+        import os
+        from datetime import timedelta
+        import torch.distributed as dist
+        from lightning_dist_hooks.init_methods import FileInitMethod
+
+        class Rank0:
+            def global_rank(self):
+                return 0
+
+        rendezvous = FileInitMethod().prepare("file://{shared}/rdzv", Rank0())
+        path = rendezvous.init_method[len("file://"):]
+        store = dist.FileStore(path, 1)
+        os.unlink(path)
+        store.set("secret", "weights")
+        print(path, oct(os.stat(path).st_mode & 0o777))
+    """), base / f"home-{VICTIM}")
+    assert made.returncode == 0, made.stderr[-3000:]
+    path, mode = made.stdout.split()
+    assert mode == "0o644", "FileStore no longer recreates its file world-readable: this test can go"
+    assert Path(path).parent == private
+    read = users.python(ATTACKER, f"print(open({path!r}).read())", base / f"home-{ATTACKER}")
+    assert read.returncode != 0 and "PermissionError" in read.stderr, read.stdout
+
+
+def test_a_claim_is_not_left_behind_when_prepare_fails(tmp_path):
+    private = tmp_path / f"ldh-uid-{os.geteuid()}"
+    private.mkdir(mode=0o700)
+    (private / "rdzv").mkdir()  # something that cannot be opened as the rendezvous file
+    (tmp_path / "rdzv").mkdir()  # where the old code looked
+    with pytest.raises(RuntimeError, match=r"is not a regular file with one link private to this user"):
+        FileInitMethod().prepare(f"file://{tmp_path}/rdzv", Rank(0))
+    assert sorted(path.name for path in private.iterdir()) == ["rdzv"], "the claim leaked"
+
+
+def test_a_stale_claim_is_judged_by_the_file_it_names_not_by_when_ranks_arrive(tmp_path):
+    # An earlier run's rank 1 claimed a file that is gone now (its claim survived, the file did not).
+    private = tmp_path / f"ldh-uid-{os.geteuid()}"
+    private.mkdir(mode=0o700)
+    (tmp_path / "rdzv.rank1.claim").touch(mode=0o600)  # where the old code kept claims
+    gone = private / "gone"
+    gone.touch()
+    (private / "rdzv.rank1.claim").write_text(f"{gone.stat().st_dev} {gone.stat().st_ino}\n")
+    (private / "rdzv.rank1.claim").chmod(0o600)
+    # This run's rank 0 arrives first and creates the file; its rank 1 arrives later and finds the old claim.
+    first = FileInitMethod().prepare(f"file://{tmp_path}/rdzv", Rank(0))
+    second = FileInitMethod().prepare(f"file://{tmp_path}/rdzv", Rank(1))
+    assert second.file == first.file and first.file.exists()
+    for rendezvous in (first, second):
+        FileInitMethod().finish(rendezvous)
+    assert sorted(private.iterdir()) == [gone]
+
+
+def test_finish_removes_each_file_on_its_own_and_reports_what_it_could_not(tmp_path, caplog):
+    rendezvous = FileInitMethod().prepare(f"file://{tmp_path}/rdzv", Rank(0))
+    rendezvous.file.unlink()
+    rendezvous.file.mkdir()  # unlink fails on it
+    (rendezvous.file / "keep").touch()
+    with caplog.at_level(logging.WARNING):
+        FileInitMethod().finish(rendezvous)
+    assert not rendezvous.claim.exists(), "the claim must be removed although the file could not be"
+    assert f"could not remove the rendezvous files {rendezvous.file}" in caplog.text
+
+
+def test_the_janitor_leaves_a_file_that_replaced_ours(tmp_path):
+    rendezvous = FileInitMethod().prepare(f"file://{tmp_path}/rdzv", Rank(0))
+    rendezvous.file.unlink()
+    rendezvous.file.write_text("someone else's")  # the same name, another file
+    janitor = rendezvous.janitor
+    os.close(janitor._socket_fd)  # the rank dies
+    assert janitor.process.wait(timeout=10) == 0
+    assert rendezvous.file.read_text() == "someone else's"
+    assert not rendezvous.claim.exists()
+
+
+@pytest.mark.parametrize("kind", ["hard-linked", "group-readable", "fifo"])
+def test_a_pre_existing_file_is_used_only_if_it_is_a_private_regular_file_with_one_link(tmp_path, kind):
+    private = tmp_path / f"ldh-uid-{os.geteuid()}"
+    private.mkdir(mode=0o700)
+    path = private / "rdzv"
+    if kind == "fifo":
+        os.mkfifo(path, 0o600)
+    else:
+        path.touch(mode=0o600)
+        if kind == "hard-linked":
+            os.link(path, tmp_path / "elsewhere")
+        else:
+            path.chmod(0o640)
+    with pytest.raises(RuntimeError, match=rf"{path}' \(a .*owned by .*\).* is not a regular file with one link private "
+                                           r"to this user"):
+        FileInitMethod().prepare(f"file://{tmp_path}/rdzv", Rank(0))
+    assert sorted(entry.name for entry in private.iterdir()) == ["rdzv"], "the claim must not be left behind"
