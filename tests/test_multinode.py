@@ -117,7 +117,11 @@ def assert_multinode_fit(result: JobResult, environment_name: str, init_method: 
             # Node 0's real address (or its name), never 127.0.0.1, which the other node cannot reach.
             assert socket.gethostbyname(record["master_addr"]) == MAIN.address, f"rank {rank}: {record['master_addr']}"
         if init_method.startswith("file://") and init_method.endswith("/"):
-            assert call["init_method"].startswith(f"{init_method}ldh-rendezvous-")
+            # Inside the per-user directory (issue 9).
+            assert call["init_method"].startswith(f"{init_method}ldh-uid-{os.geteuid()}/ldh-rendezvous-")
+        elif init_method.startswith("file://"):
+            directory, name = init_method.rsplit("/", 1)
+            assert call["init_method"] == f"{directory}/ldh-uid-{os.geteuid()}/{name}"
         else:
             assert call["init_method"] == init_method
         if backend == "gloo":
