@@ -50,7 +50,7 @@ def create_process_group(strategy: ParallelStrategy, init_method: Optional[str])
     log.info(f"Initializing distributed: GLOBAL_RANK: {rank}, MEMBER: {rank + 1}/{world_size}")
     started = time.monotonic()
     try:
-        with rendezvous_progress(rank, world_size, rendezvous.init_method, timeout,
+        with rendezvous_progress(rank, world_size, url, timeout,
                                  missing_ranks_query(handler, rendezvous, world_size)):
             hook(backend, rendezvous.init_method, rank, world_size, timeout)
     except Exception as error:
