@@ -259,9 +259,10 @@ def test_a_rendezvous_directory_that_differs_between_nodes(tmp_path, rendezvous_
     outputs = [process.communicate(timeout=RUN_TIMEOUT_S) for process in processes]
     assert [process.returncode for process in processes] == [1, 1], outputs
     stdout0, stderr0 = outputs[0]
-    assert (f"FAIL  shared-directory: {rendezvous_dir} holds the doctor's tokens of ranks [0] only: ranks [1] never "
+    private = rendezvous_dir / f"ldh-uid-{os.geteuid()}"  # the tokens sit beside the file, in the per-user directory
+    assert (f"FAIL  shared-directory: {private} holds the doctor's tokens of ranks [0] only: ranks [1] never "
             "started, gave up already, or wrote theirs to a different directory of that name on their node") in stdout0
-    assert f"FAIL  shared-directory: {rendezvous_dir} holds the doctor's tokens of ranks [1] only" in outputs[1][0]
+    assert f"FAIL  shared-directory: {private} holds the doctor's tokens of ranks [1] only" in outputs[1][0]
     assert "ranks that never arrived: [1]" in stdout0
     # The live line, while rank 0 waited for a rank that could never come.
     assert "rank 0: waiting for 1 of 2 ranks ([1]) through file://" in stderr0
