@@ -2,15 +2,21 @@
 
 Change one import::
 
-    from lightning_dist_hooks import Trainer
+    from lightning_dist_hooks import Trainer            # pytorch_lightning
+    from lightning_dist_hooks.lightning import Trainer  # the unified lightning package (import lightning as L)
 
-and everything behaves as ``pytorch_lightning.Trainer`` until you use the new flags
-(``torch_dist_backend``, ``torch_dist_init_method``) or override the LightningModule hooks
-``setup_distributed_backend`` and ``configure_sampler``.
+and everything behaves as Lightning's ``Trainer`` until you use the new flags (``torch_dist_backend``,
+``torch_dist_init_method``) or override the LightningModule hooks ``setup_distributed_backend`` and
+``configure_sampler``. ``Fabric`` takes the same flags and a ``setup_distributed_backend`` callable.
+
+Importing this package imports no Lightning package: ``Trainer``, ``LightningModule`` and ``Fabric`` here are
+``pytorch_lightning``'s and import it on first use; ``lightning_dist_hooks.lightning`` has ``lightning``'s.
 """
 
 import warnings
+from typing import Any
 
+from lightning_dist_hooks._lightning_internals import MixedLightningPackagesError
 from lightning_dist_hooks.environments import (
     FluxEnvironment,
     HydraEnvironment,
@@ -21,9 +27,9 @@ from lightning_dist_hooks.environments import (
     detect_cluster_environment,
     register_cluster_environment,
 )
+from lightning_dist_hooks.fabric import DistributedHooksFabricMixin
 from lightning_dist_hooks.hooks import (
     DistributedHooksMixin,
-    LightningModule,
     default_setup_distributed_backend,
     lightning_default_sampler,
 )
@@ -32,15 +38,36 @@ from lightning_dist_hooks.launcher_variables import LauncherVariables
 from lightning_dist_hooks.launches import launch_identity
 from lightning_dist_hooks.process_group import DistributedSetupError
 from lightning_dist_hooks.sampling import SamplerHookError
-from lightning_dist_hooks.trainer import DistributedHooksTrainerMixin, Trainer
+from lightning_dist_hooks.trainer import DistributedHooksTrainerMixin
 
 __version__ = "0.1.0"
 
+# pytorch_lightning's classes, made (and pytorch_lightning imported) on first access.
+_PYTORCH_LIGHTNING_CLASSES = ("Fabric", "LightningModule", "Trainer")
+
+
+def __getattr__(name: str) -> Any:
+    if name in _PYTORCH_LIGHTNING_CLASSES:
+        from lightning_dist_hooks import _pytorch_lightning
+
+        return getattr(_pytorch_lightning, name)
+    if name == "SchedulerEnvironment":  # deprecated: it also covers MPI launchers, which are not schedulers
+        warnings.warn("lightning_dist_hooks.SchedulerEnvironment is deprecated; use LauncherEnvironment.",
+                      DeprecationWarning, stacklevel=2)
+        return LauncherEnvironment
+    if name == "job_identity":  # deprecated: it was also the name of its module
+        warnings.warn("lightning_dist_hooks.job_identity is deprecated; use lightning_dist_hooks.launch_identity",
+                      DeprecationWarning, stacklevel=2)
+        return launch_identity
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = [
+    "DistributedHooksFabricMixin",
     "DistributedHooksMixin",
     "DistributedHooksTrainerMixin",
     "DistributedSetupError",
+    "Fabric",
     "FluxEnvironment",
     "HydraEnvironment",
     "InitMethod",
@@ -48,6 +75,7 @@ __all__ = [
     "LauncherVariables",
     "LightningModule",
     "MVAPICH2Environment",
+    "MixedLightningPackagesError",
     "OpenMPIEnvironment",
     "PALSEnvironment",
     "Rendezvous",
@@ -60,15 +88,3 @@ __all__ = [
     "register_cluster_environment",
     "register_init_method",
 ]
-
-
-def __getattr__(name: str) -> object:
-    if name == "SchedulerEnvironment":  # deprecated: it also covers MPI launchers, which are not schedulers
-        warnings.warn("lightning_dist_hooks.SchedulerEnvironment is deprecated; use LauncherEnvironment.",
-                      DeprecationWarning, stacklevel=2)
-        return LauncherEnvironment
-    if name == "job_identity":  # deprecated: it was also the name of its module
-        warnings.warn("lightning_dist_hooks.job_identity is deprecated; use lightning_dist_hooks.launch_identity",
-                      DeprecationWarning, stacklevel=2)
-        return launch_identity
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,74 +1,258 @@
-"""Every use of a private Lightning name lives here, and nowhere else.
+"""Every Lightning name this package uses, public or private, for both Lightning packages, and nowhere else.
 
-Lightning offers no public extension point for two things this package changes: which sampler a
-dataloader gets (``_DataConnector._prepare_dataloader``) and the process-group settings a strategy keeps
-(``_process_group_backend``, ``_timeout``). Keeping the private names in one module means a Lightning
-upgrade breaks exactly one file, and ``TESTED_LIGHTNING`` says which releases this file was checked against.
+Lightning ships the same code under two names (its "flavours"): ``pytorch_lightning`` + ``lightning_fabric``
+(pip ``pytorch-lightning``) and ``lightning.pytorch`` + ``lightning.fabric`` (pip ``lightning``). Their objects do
+not mix: a ``lightning.pytorch.Trainer`` rejects a ``pytorch_lightning.LightningModule``. So the rest of this
+package never imports Lightning: it asks a :class:`Flavour` for a name, and a flavour imports its package only
+when first asked. Importing ``lightning_dist_hooks`` therefore imports neither package, and
+``lightning_dist_hooks.lightning`` imports only ``lightning``.
+
+Lightning offers no public extension point for three things this package changes: which sampler a dataloader gets
+(``_DataConnector._prepare_dataloader``), the process-group settings a strategy keeps (``_process_group_backend``,
+``_timeout``) and the env-var defaults wrapper of ``Trainer.__init__``. A Lightning upgrade breaks this one file;
+``TESTED_LIGHTNING`` says which releases it was checked against, and :meth:`Flavour.check_version` says what to
+do when the installed one is outside that range.
 """
 
 from __future__ import annotations
 
+import importlib
+import logging
+import warnings
+from dataclasses import dataclass
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any, Optional
+from functools import cached_property
+from importlib.metadata import PackageNotFoundError, version
+from types import ModuleType
+from typing import Any, Callable, Optional
 
-from pytorch_lightning.strategies import Strategy
-from pytorch_lightning.trainer.connectors.data_connector import _DataConnector
-from pytorch_lightning.trainer.states import RunningStage
-from pytorch_lightning.utilities.data import _is_dataloader_shuffled, _update_dataloader
 from torch.utils.data import DataLoader, Sampler
 
-if TYPE_CHECKING:
-    import pytorch_lightning as pl
-
-# The Lightning releases whose private names below were read and tested.
+# The Lightning releases whose names below were read and tested (both packages release in lockstep).
 TESTED_LIGHTNING = (">=2.6.6", "<2.7")
 
 
-def requested_process_group_backend(strategy: Strategy) -> Optional[str]:
+class MixedLightningPackagesError(TypeError):
+    """An object of one Lightning package was given to a Trainer or Fabric of the other."""
+
+
+@dataclass(frozen=True, eq=False)
+class Flavour:
+    """One of the two Lightning packages: where its Trainer side and its Fabric side live, imported on first use.
+
+    >>> PYTORCH_LIGHTNING.pytorch, LIGHTNING.fabric
+    ('pytorch_lightning', 'lightning.fabric')
+    """
+
+    distribution: str  # what pip installs
+    pytorch: str  # the Trainer side
+    fabric: str  # the Fabric side
+    public_module: str  # where this package's classes for this flavour live
+    import_hint: str  # how a user imports this flavour's Trainer
+
+    def _name(self, module: str, name: str) -> Any:
+        self.check_version()
+        return getattr(importlib.import_module(module), name)
+
+    def pytorch_name(self, path: str, name: str) -> Any:
+        return self._name(f"{self.pytorch}{path}", name)
+
+    def fabric_name(self, path: str, name: str) -> Any:
+        return self._name(f"{self.fabric}{path}", name)
+
+    @cached_property
+    def installed_version(self) -> Optional[str]:
+        try:
+            return version(self.distribution)
+        except PackageNotFoundError:
+            return None
+
+    @cached_property
+    def _version_checked(self) -> bool:
+        installed = self.installed_version
+        from packaging.specifiers import SpecifierSet  # Lightning's own dependency
+
+        if installed is not None and installed not in SpecifierSet(",".join(TESTED_LIGHTNING)):
+            warnings.warn(
+                f"lightning_dist_hooks was tested with {self.distribution}{','.join(TESTED_LIGHTNING)}, but "
+                f"{installed} is installed. The Lightning internals it relies on (lightning_dist_hooks/"
+                f"_lightning_internals.py) may have changed: install pip install '{self.distribution}"
+                f"{','.join(TESTED_LIGHTNING)}', or a lightning-dist-hooks release tested with {installed}.",
+                stacklevel=4,
+            )
+        return True
+
+    def check_version(self) -> None:
+        """Warn once, naming the fix, when the installed package is outside ``TESTED_LIGHTNING``."""
+        assert self._version_checked
+
+    def classes(self) -> ModuleType:
+        """This package's classes for this flavour: its Trainer, LightningModule, Fabric, data connector."""
+        return importlib.import_module(self.public_module)
+
+    def owns(self, cls: type) -> bool:
+        """Whether ``cls`` or one of its bases is defined in this flavour's package."""
+        prefixes = (f"{self.pytorch}.", f"{self.fabric}.")
+        return any(f"{base.__module__}.".startswith(prefixes) for base in cls.__mro__)
+
+    # Public names, both sides.
+    @property
+    def Trainer(self) -> type:
+        return self.pytorch_name("", "Trainer")
+
+    @property
+    def LightningModule(self) -> type:
+        return self.pytorch_name("", "LightningModule")
+
+    @property
+    def Fabric(self) -> type:
+        return self.fabric_name("", "Fabric")
+
+    @property
+    def ClusterEnvironment(self) -> type:
+        return self.fabric_name(".plugins.environments", "ClusterEnvironment")
+
+    def lightning_environment(self, name: str) -> type:
+        """One of Lightning's cluster environments by class name, e.g. ``"SLURMEnvironment"``."""
+        return self.fabric_name(".plugins.environments", name)
+
+    def rank_zero_warn(self, message: str) -> None:
+        self.fabric_name(".utilities.rank_zero", "rank_zero_warn")(message)
+
+    def rank_zero_info(self, message: str) -> None:
+        self.fabric_name(".utilities.rank_zero", "rank_zero_info")(message)
+
+    @property
+    def distributed_log(self) -> logging.Logger:
+        """The logger of Lightning's ``_init_dist_connection``, so our bootstrap messages read exactly as its own."""
+        self.check_version()
+        return logging.getLogger(f"{self.fabric}.utilities.distributed")
+
+    def process_group_strategies(self, strategy: object) -> tuple[type, ...]:
+        """Strategies (of ``strategy``'s side) whose setup creates the default group via ``_init_dist_connection``.
+
+        DeepSpeedStrategy subclasses DDPStrategy; DeepSpeed skips its own bootstrap when a group already exists.
+        """
+        on_fabric_side = any(base.__module__.startswith(f"{self.fabric}.") for base in type(strategy).__mro__)
+        name = self.fabric_name if on_fabric_side else self.pytorch_name
+        return tuple(name(".strategies", cls) for cls in ("DDPStrategy", "FSDPStrategy", "ModelParallelStrategy"))
+
+    def is_cuda_accelerator(self, accelerator: object) -> bool:
+        return any(base.__name__ == "CUDAAccelerator" and self.owns(base) for base in type(accelerator).__mro__)
+
+    # Private names.
+    @property
+    def DataConnector(self) -> type:
+        """Subclassed per flavour: ``_prepare_dataloader`` is the one place every train, validation, sanity-check,
+        test and predict loader passes through after the process group exists, and it has no public hook."""
+        return self.pytorch_name(".trainer.connectors.data_connector", "_DataConnector")
+
+    def without_env_defaults(self, trainer_init: Callable[..., None]) -> Callable[..., None]:
+        """``Trainer.__init__`` without its ``PL_TRAINER_*`` wrapper, for a caller that has applied it already."""
+        return trainer_init.__wrapped__ if trainer_init is self.Trainer.__init__ else trainer_init  # type: ignore
+
+    def with_env_defaults(self, init: Callable[..., None]) -> Callable[..., None]:
+        """``init`` wrapped as Lightning wraps ``Trainer.__init__``: ``PL_<CLASS>_<PARAMETER>`` gives defaults."""
+        return self.pytorch_name(".utilities.argparse", "_defaults_from_env_vars")(init)
+
+
+PYTORCH_LIGHTNING = Flavour(
+    distribution="pytorch-lightning",
+    pytorch="pytorch_lightning",
+    fabric="lightning_fabric",
+    public_module="lightning_dist_hooks._pytorch_lightning",
+    import_hint="from lightning_dist_hooks import Trainer, Fabric (with import pytorch_lightning as pl)",
+)
+LIGHTNING = Flavour(
+    distribution="lightning",
+    pytorch="lightning.pytorch",
+    fabric="lightning.fabric",
+    public_module="lightning_dist_hooks.lightning",
+    import_hint="from lightning_dist_hooks.lightning import Trainer, Fabric (with import lightning as L)",
+)
+FLAVOURS = (PYTORCH_LIGHTNING, LIGHTNING)
+
+
+def flavour_of(obj: object) -> Optional[Flavour]:
+    """The Lightning package ``obj`` (an instance or a class) belongs to, or None for objects of neither."""
+    cls = obj if isinstance(obj, type) else type(obj)
+    return next((flavour for flavour in FLAVOURS if flavour.owns(cls)), None)
+
+
+def check_same_package(owner: object, objects: dict[str, object]) -> None:
+    """Raise one clear error when an object of ``objects`` comes from the other Lightning package than ``owner``."""
+    expected = flavour_of(owner)
+    for what, value in objects.items():
+        for item in value if isinstance(value, (list, tuple)) else [value]:
+            actual = flavour_of(item)
+            if expected is not None and actual is not None and actual is not expected:
+                raise MixedLightningPackagesError(
+                    f"{what}={type(item).__qualname__} comes from {actual.pytorch}/{actual.fabric} (pip "
+                    f"{actual.distribution}), but this {type(owner).__name__} is {expected.pytorch}/{expected.fabric}'s "
+                    f"(pip {expected.distribution}). The two Lightning packages are separate copies whose objects do "
+                    f"not mix: import everything from one of them, e.g. {actual.import_hint}."
+                )
+
+
+def lightning_environment_name(environment: object) -> Optional[str]:
+    """The class name of the Lightning cluster environment ``environment`` is (or subclasses), of either package."""
+    for base in type(environment).__mro__:
+        if any(base.__module__.startswith(f"{flavour.fabric}.plugins.environments") for flavour in FLAVOURS):
+            return base.__name__ if base.__name__ != "ClusterEnvironment" else None
+    return None
+
+
+def requested_process_group_backend(strategy: object) -> Optional[str]:
     """The backend the user gave the strategy (``DDPStrategy(process_group_backend=...)``), or None."""
     return getattr(strategy, "_process_group_backend", None)
 
 
-def set_process_group_backend(strategy: Strategy, backend: str) -> None:
+def set_process_group_backend(strategy: object, backend: str) -> None:
     """Equivalent to having passed ``process_group_backend=backend`` to the strategy's constructor."""
     strategy._process_group_backend = backend  # type: ignore[attr-defined]
 
 
-def resolved_process_group_backend(strategy: Strategy) -> str:
+def resolved_process_group_backend(strategy: object) -> str:
     """The backend the strategy would hand to ``init_process_group`` (its choice for the root device)."""
     return strategy._get_process_group_backend()  # type: ignore[attr-defined]
 
 
-def process_group_timeout(strategy: Strategy) -> timedelta:
+def process_group_timeout(strategy: object) -> timedelta:
     """The strategy's ``timeout=`` (Lightning's default is torch's default process-group timeout)."""
     return strategy._timeout  # type: ignore[attr-defined]
 
 
-def lightning_sampler_choice(trainer: "pl.Trainer", dataloader: DataLoader, stage: RunningStage) -> Optional[Sampler]:
+def set_world_ranks(strategy: object) -> None:
+    """Let the strategy read its ranks from the cluster environment (public on the Trainer side, private in Fabric)."""
+    public = getattr(strategy, "set_world_ranks", None)
+    (public or strategy._set_world_ranks)()  # type: ignore[attr-defined]
+
+
+def lightning_sampler_choice(trainer: Any, dataloader: DataLoader, stage: Any) -> Optional[Sampler]:
     """The sampler Lightning itself would give ``dataloader``, or None where it leaves the loader as it is.
 
     Mirrors ``_DataConnector._prepare_dataloader`` and ``_process_dataloader`` (which decides ``shuffle``), so
     that the default ``configure_sampler`` is exactly today's behaviour: ``use_distributed_sampler``, the
     predict-time wrapper and the wrapper around custom samplers included.
     """
+    flavour = flavour_of(trainer)
+    assert flavour is not None
+    running_stage = flavour.pytorch_name(".trainer.states", "RunningStage")
     connector = trainer._data_connector
-    if not (connector._requires_distributed_sampler(dataloader) or stage == RunningStage.PREDICTING):
+    if not (connector._requires_distributed_sampler(dataloader) or stage == running_stage.PREDICTING):
         return None
-    shuffle = True if stage == RunningStage.TRAINING else _is_dataloader_shuffled(dataloader)
+    is_shuffled = flavour.pytorch_name(".utilities.data", "_is_dataloader_shuffled")
+    shuffle = True if stage == running_stage.TRAINING else is_shuffled(dataloader)
     return connector._resolve_sampler(dataloader, shuffle=shuffle, mode=stage)
 
 
-def rebuild_dataloader(dataloader: DataLoader, sampler: Sampler, stage: RunningStage) -> DataLoader:
+def rebuild_dataloader(dataloader: DataLoader, sampler: Sampler, stage: Any) -> DataLoader:
     """Lightning's own re-instantiation: batch size, workers, collate and subclass arguments are kept."""
-    return _update_dataloader(dataloader, sampler, mode=stage)
+    flavour = flavour_of(stage)
+    assert flavour is not None
+    return flavour.pytorch_name(".utilities.data", "_update_dataloader")(dataloader, sampler, mode=stage)
 
 
-# Subclassed by ``lightning_dist_hooks.sampling``: ``_prepare_dataloader`` is the one place every train, validation,
-# sanity-check, test and predict loader passes through after the process group exists, and it has no public hook.
-LightningDataConnector = _DataConnector
-
-
-def replace_data_connector_class(trainer: "pl.Trainer", connector_class: type) -> None:
-    """Give the trainer's data connector a subclass of ``LightningDataConnector``, keeping its state."""
-    connector: Any = trainer._data_connector
-    connector.__class__ = connector_class
+def replace_data_connector_class(trainer: Any, connector_class: type) -> None:
+    """Give the trainer's data connector a subclass of its flavour's ``DataConnector``, keeping its state."""
+    trainer._data_connector.__class__ = connector_class

@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
-from lightning_fabric.plugins.environments import ClusterEnvironment
 
 from lightning_dist_hooks.backends import normalize_backend
 from lightning_dist_hooks.init_methods import (
@@ -14,6 +13,9 @@ from lightning_dist_hooks.init_methods import (
     resolve_init_method,
     validate_init_method,
 )
+
+if TYPE_CHECKING:  # either Lightning package's; this module imports neither
+    from lightning_dist_hooks._lightning_internals import ClusterEnvironment
 
 
 @dataclass(frozen=True)

@@ -8,24 +8,25 @@ in :mod:`lightning_dist_hooks.launcher_variables`), read by the shared base clas
 Use one explicitly with ``Trainer(plugins=[OpenMPIEnvironment()])``, or let ``lightning_dist_hooks.Trainer``
 pick it: :func:`detect_cluster_environment` gives the environment in the priority order below, to which
 :func:`register_cluster_environment` adds your own.
+
+The classes import no Lightning package, so that they serve both: each package's ``ClusterEnvironment`` (an ABC)
+registers :class:`LauncherEnvironment` as a virtual subclass (:func:`register_with`) when an environment is made
+or this package's Trainer or Fabric of that package is used, so that Lightning's connectors accept them in
+``plugins``. Lightning's own environments are named, not imported: each Lightning package has its own copy.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import sys
 import warnings
 import zlib
+from abc import ABC
 from pathlib import Path
-from typing import ClassVar, Optional
+from typing import ClassVar, Optional, Union
 
-from lightning_fabric.plugins.environments import (
-    ClusterEnvironment,
-    LSFEnvironment,
-    SLURMEnvironment,
-    TorchElasticEnvironment,
-)
-
+from lightning_dist_hooks._lightning_internals import FLAVOURS, PYTORCH_LIGHTNING, Flavour, flavour_of
 from lightning_dist_hooks import launcher_variables
 from lightning_dist_hooks.launcher_variables import LauncherVariables
 
@@ -38,7 +39,7 @@ _DERIVED_PORT_BASE, _DERIVED_PORT_RANGE = 20000, 10000
 _DEFAULT_PORT = 29500
 
 
-class LauncherEnvironment(ClusterEnvironment):
+class LauncherEnvironment(ABC):
     """A launcher described by the environment variables it sets in every process it starts.
 
     Subclasses give the table (``variables``, a :class:`~lightning_dist_hooks.launcher_variables.LauncherVariables`);
@@ -63,6 +64,9 @@ class LauncherEnvironment(ClusterEnvironment):
     """
 
     variables: ClassVar[LauncherVariables]
+
+    def __init__(self) -> None:
+        _register_with_imported_packages()
 
     @classmethod
     def detect(cls) -> bool:
@@ -111,6 +115,12 @@ class LauncherEnvironment(ClusterEnvironment):
 
     def _all_ranks_on_this_node(self) -> bool:
         return self._ranks_per_node() >= self.world_size()
+
+    def validate_settings(self, num_devices: int, num_nodes: int) -> None:
+        """Nothing to check: the launcher's variables are the settings (Lightning's ``ClusterEnvironment`` API)."""
+
+    def teardown(self) -> None:
+        """Nothing to undo: reading variables changes nothing (Lightning's ``ClusterEnvironment`` API)."""
 
     def scheduler_main_address(self) -> Optional[str]:
         """Rank 0's host as the scheduler tells it, if it does (None here; PBS overrides it)."""
@@ -250,9 +260,7 @@ LAUNCHER_ENVIRONMENTS: tuple[type[LauncherEnvironment], ...] = (
 
 # Lightning's own detection (``_AcceleratorConnector._choose_and_init_cluster_environment``) tries TorchElastic,
 # SLURM, LSF, then MPIEnvironment, whose detect() initialises MPI; nothing here ever calls that one.
-LIGHTNING_DETECTION_ORDER: tuple[type[ClusterEnvironment], ...] = (
-    TorchElasticEnvironment, SLURMEnvironment, LSFEnvironment,
-)
+LIGHTNING_DETECTION_ORDER: tuple[str, ...] = ("TorchElasticEnvironment", "SLURMEnvironment", "LSFEnvironment")
 
 # The built-in detection priority. The innermost launcher wins: the one that started this very process, which sets
 # per-process rank variables no outer launcher sets. Lightning's TorchElastic comes first as in Lightning; ours go
@@ -272,20 +280,26 @@ LIGHTNING_DETECTION_ORDER: tuple[type[ClusterEnvironment], ...] = (
 #   so a process srun started, an OpenMPI program with PMIX_* from srun --mpi=pmix included, stays SLURM's.
 # * Lightning's MPIEnvironment is left out: its detect() initialises MPI. When nothing here detects, Lightning's
 #   own detection runs as usual and may still choose it.
-DETECTION_ORDER: tuple[type[ClusterEnvironment], ...] = (
-    TorchElasticEnvironment,
-    LSFEnvironment,
+# Lightning's classes by name (a str), ours and registered ones as classes.
+DetectionEntry = Union[str, type]
+DETECTION_ORDER: tuple[DetectionEntry, ...] = (
+    "TorchElasticEnvironment",
+    "LSFEnvironment",
     *LAUNCHER_ENVIRONMENTS,
-    SLURMEnvironment,
+    "SLURMEnvironment",
 )
 
-_detection_order: list[type[ClusterEnvironment]] = list(DETECTION_ORDER)
+_detection_order: list[DetectionEntry] = list(DETECTION_ORDER)
+
+
+def _name(entry: DetectionEntry) -> str:
+    return entry if isinstance(entry, str) else entry.__name__
 
 
 def register_cluster_environment(
-    environment: type[ClusterEnvironment],
+    environment: type,
     *,
-    before: type[ClusterEnvironment] = LSFEnvironment,
+    before: DetectionEntry = "LSFEnvironment",
     replace: bool = False,
 ) -> None:
     """Make :func:`detect_cluster_environment`, and so ``lightning_dist_hooks.Trainer``, detect ``environment``.
@@ -302,9 +316,12 @@ def register_cluster_environment(
         register_cluster_environment(SiteLauncherEnvironment)
         register_cluster_environment(MySLURMEnvironment, replace=True)  # if named "SLURMEnvironment"
     """
-    if not (isinstance(environment, type) and issubclass(environment, ClusterEnvironment)):
+    is_environment = isinstance(environment, type) and (
+        issubclass(environment, LauncherEnvironment) or flavour_of(environment) is not None
+    )
+    if not is_environment:
         raise TypeError(f"register_cluster_environment needs a ClusterEnvironment subclass, got {environment!r}.")
-    names = [known.__name__ for known in _detection_order]
+    names = [_name(known) for known in _detection_order]
     if environment.__name__ in names:
         if not replace:
             raise ValueError(
@@ -314,31 +331,45 @@ def register_cluster_environment(
             )
         _detection_order[names.index(environment.__name__)] = environment
         return
-    if before.__name__ not in names:  # by name, like the check above: a replaced class keeps its place
+    if _name(before) not in names:  # by name, like the check above: a replaced class keeps its place
         raise ValueError(f"before={before!r} is not in the detection order {names}.")
-    _detection_order.insert(names.index(before.__name__), environment)
+    _detection_order.insert(names.index(_name(before)), environment)
 
 
-def detection_order() -> tuple[type[ClusterEnvironment], ...]:
-    """The classes :func:`detect_cluster_environment` tries, in order: ``DETECTION_ORDER`` plus registrations."""
-    return tuple(_detection_order)
+def detection_order(flavour: Flavour = PYTORCH_LIGHTNING) -> tuple[type, ...]:
+    """The classes :func:`detect_cluster_environment` tries, in order: ``DETECTION_ORDER`` plus registrations.
+
+    Lightning's own classes are ``flavour``'s (``pytorch_lightning``'s unless told).
+    """
+    return tuple(flavour.lightning_environment(entry) if isinstance(entry, str) else entry for entry in _detection_order)
 
 
-def detect_cluster_environment() -> Optional[type[ClusterEnvironment]]:
+def detect_cluster_environment(flavour: Flavour = PYTORCH_LIGHTNING) -> Optional[type]:
     """The first class of :func:`detection_order` that detects this process's launcher, or None.
 
     Lightning's ``SLURMEnvironment.detect()`` may warn that ``srun`` is available but unused; nothing here
     initialises MPI or talks to another process.
     """
-    for environment in _detection_order:
-        if environment.detect():
-            return environment
-    return None
+    return next((environment for environment in detection_order(flavour) if environment.detect()), None)
 
 
-def lightning_would_choose(environment: type[ClusterEnvironment]) -> bool:
+def lightning_would_choose(environment: type, flavour: Flavour = PYTORCH_LIGHTNING) -> bool:
     """Whether Lightning's own detection, left alone, would pick ``environment`` too (so nothing need be added)."""
-    return next((known for known in LIGHTNING_DETECTION_ORDER if known.detect()), None) is environment
+    lightning_order = (flavour.lightning_environment(name) for name in LIGHTNING_DETECTION_ORDER)
+    return next((known for known in lightning_order if known.detect()), None) is environment
+
+
+def register_with(flavour: Flavour) -> None:
+    """Make ``flavour``'s Lightning accept these environments as its own ``ClusterEnvironment`` plugins."""
+    flavour.ClusterEnvironment.register(LauncherEnvironment)
+
+
+def _register_with_imported_packages() -> None:
+    # A Lightning package that is not imported yet gets registered when this package's Trainer or Fabric of it is
+    # made; importing it here would import a package the user may not use.
+    for flavour in FLAVOURS:
+        if f"{flavour.fabric}.plugins.environments" in sys.modules:
+            register_with(flavour)
 
 
 def __getattr__(name: str) -> object:

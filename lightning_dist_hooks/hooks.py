@@ -1,7 +1,8 @@
 """The two LightningModule hooks, their documented defaults, and how the Trainer finds a user's override.
 
-Hooks are found by name, so any ``pytorch_lightning.LightningModule`` can define them; inheriting
-:class:`DistributedHooksMixin` (or :class:`LightningModule`) only adds the defaults and their type hints.
+Hooks are found by name, so any LightningModule (of either Lightning package) can define them; inheriting
+:class:`DistributedHooksMixin` (or ``lightning_dist_hooks.LightningModule``) only adds the defaults and their type
+hints. This module imports no Lightning package: the mixin serves both.
 """
 
 from __future__ import annotations
@@ -9,15 +10,14 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, Callable, Optional
 
-import pytorch_lightning as pl
 import torch.distributed
-from pytorch_lightning.trainer.states import RunningStage
 from torch.utils.data import DataLoader, Sampler
 
 from lightning_dist_hooks import _lightning_internals
 
 if TYPE_CHECKING:
     from pytorch_lightning import Trainer
+    from pytorch_lightning.trainer.states import RunningStage
 
 
 def default_setup_distributed_backend(
@@ -29,8 +29,8 @@ def default_setup_distributed_backend(
     )
 
 
-def lightning_default_sampler(trainer: "Trainer", dataloader: DataLoader, stage: RunningStage) -> Optional[Sampler]:
-    """The sampler ``pytorch_lightning.Trainer`` would give ``dataloader`` today, or None where it keeps the loader.
+def lightning_default_sampler(trainer: "Trainer", dataloader: DataLoader, stage: "RunningStage") -> Optional[Sampler]:
+    """The sampler Lightning's Trainer would give ``dataloader`` today, or None where it keeps the loader.
 
     Honours ``use_distributed_sampler``, wraps custom samplers in ``DistributedSamplerWrapper`` and uses the
     predict-time wrapper, as Lightning does. Call it from a ``configure_sampler`` override (a datamodule's too)
@@ -44,7 +44,7 @@ class DistributedHooksMixin:
 
     Example::
 
-        class Model(DistributedHooksMixin, pl.LightningModule):
+        class Model(DistributedHooksMixin, pl.LightningModule):  # or L.LightningModule
             def setup_distributed_backend(self, backend, init_method, rank, world_size, timeout):
                 os.environ.setdefault("GLOO_SOCKET_IFNAME", "ib0")
                 super().setup_distributed_backend(backend, init_method, rank, world_size, timeout)
@@ -75,7 +75,7 @@ class DistributedHooksMixin:
         """
         default_setup_distributed_backend(backend, init_method, rank, world_size, timeout)
 
-    def configure_sampler(self, dataloader: DataLoader, stage: RunningStage) -> Optional[Sampler]:
+    def configure_sampler(self, dataloader: DataLoader, stage: "RunningStage") -> Optional[Sampler]:
         """Choose the sampler of ``dataloader``; called for every DataLoader the Trainer prepares.
 
         Args:
@@ -93,10 +93,6 @@ class DistributedHooksMixin:
         return lightning_default_sampler(self.trainer, dataloader, stage)
 
 
-class LightningModule(DistributedHooksMixin, pl.LightningModule):
-    """``pytorch_lightning.LightningModule`` with the two distributed hooks and their defaults."""
-
-
 def user_hook(owner: object, name: str) -> Optional[Callable[..., Any]]:
     """``owner``'s own implementation of hook ``name``, bound; None if it has none or only the default."""
     if owner is None:
@@ -107,6 +103,6 @@ def user_hook(owner: object, name: str) -> Optional[Callable[..., Any]]:
     return getattr(owner, name)
 
 
-def sampler_hook(trainer: "Trainer") -> Optional[Callable[[DataLoader, RunningStage], Optional[Sampler]]]:
+def sampler_hook(trainer: "Trainer") -> Optional[Callable[[DataLoader, "RunningStage"], Optional[Sampler]]]:
     """The ``configure_sampler`` to call: the datamodule's wins over the LightningModule's."""
     return user_hook(trainer.datamodule, "configure_sampler") or user_hook(trainer.lightning_module, "configure_sampler")

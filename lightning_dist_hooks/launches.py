@@ -19,16 +19,9 @@ from __future__ import annotations
 
 import os
 import uuid
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
-from lightning_fabric.plugins.environments import (
-    ClusterEnvironment,
-    LightningEnvironment,
-    LSFEnvironment,
-    SLURMEnvironment,
-    TorchElasticEnvironment,
-)
-
+from lightning_dist_hooks._lightning_internals import lightning_environment_name
 from lightning_dist_hooks.environments import LauncherEnvironment, identity_from
 
 # Set by the process that runs Lightning's own launcher (``ddp``), inherited by the children it starts
@@ -40,14 +33,18 @@ LAUNCH_TOKEN_VARIABLE = "LIGHTNING_DIST_HOOKS_LAUNCH_TOKEN"
 # (a new one for every srun) and the restart count (absent at first, 1, 2, ... after each requeue) go with it.
 # torchrun: the run id and, on one node, the restart count (see the module docstring). LSF: LSB_JOBINDEX tells
 # the elements of a job array apart.
-_LIGHTNING_IDENTITIES: dict[type, tuple[tuple[str, ...], ...]] = {
-    SLURMEnvironment: (("SLURM_JOB_ID", "SLURM_STEP_ID", "SLURM_RESTART_COUNT"),),
-    LSFEnvironment: (("LSB_JOBID", "LSB_JOBINDEX", "PMIX_NAMESPACE"),),
+# Keyed by class name: either Lightning package's copy of the class.
+_LIGHTNING_IDENTITIES: dict[str, tuple[tuple[str, ...], ...]] = {
+    "SLURMEnvironment": (("SLURM_JOB_ID", "SLURM_STEP_ID", "SLURM_RESTART_COUNT"),),
+    "LSFEnvironment": (("LSB_JOBID", "LSB_JOBINDEX", "PMIX_NAMESPACE"),),
 }
 _TORCHRUN_SINGLE_NODE = (("TORCHELASTIC_RUN_ID", "TORCHELASTIC_RESTART_COUNT"),)
 _TORCHRUN_MULTI_NODE = (("TORCHELASTIC_RUN_ID",),)
 
 _token_made_here: Optional[str] = None
+
+if TYPE_CHECKING:
+    from lightning_dist_hooks._lightning_internals import ClusterEnvironment
 
 
 def launch_identity(environment: ClusterEnvironment) -> Optional[str]:
@@ -57,26 +54,24 @@ def launch_identity(environment: ClusterEnvironment) -> Optional[str]:
     """
     if isinstance(environment, LauncherEnvironment):
         return environment.job_identity()
-    if isinstance(environment, LightningEnvironment):
+    name = lightning_environment_name(environment)
+    if name == "LightningEnvironment":
         return _lightning_launch_token(environment)
-    if isinstance(environment, TorchElasticEnvironment):
+    if name == "TorchElasticEnvironment":
         one_node = os.environ.get("GROUP_WORLD_SIZE", "1") == "1"
         return identity_from(_TORCHRUN_SINGLE_NODE if one_node else _TORCHRUN_MULTI_NODE)
-    for environment_class, alternatives in _LIGHTNING_IDENTITIES.items():
-        if isinstance(environment, environment_class):
-            return identity_from(alternatives)
-    return None
+    return identity_from(_LIGHTNING_IDENTITIES[name]) if name in _LIGHTNING_IDENTITIES else None
 
 
 def no_identity_shared_by_nodes(environment: ClusterEnvironment, num_nodes: int) -> Optional[str]:
     """Why the nodes of this launch would derive different identities, or None if they derive the same one."""
-    if num_nodes > 1 and isinstance(environment, LightningEnvironment):
+    if num_nodes > 1 and lightning_environment_name(environment) == "LightningEnvironment":
         return ("Lightning's own launcher is started once per node, and each node's launching process makes its "
                 "own launch token: nothing tells the nodes one shared name")
     return None
 
 
-def _lightning_launch_token(environment: LightningEnvironment) -> Optional[str]:
+def _lightning_launch_token(environment: ClusterEnvironment) -> Optional[str]:
     """A fresh token in the process that launches the others; the inherited one in the processes it launched.
 
     Lightning marks processes started by its launcher (or by a user's script that sets LOCAL_RANK) as created

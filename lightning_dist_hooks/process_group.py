@@ -2,24 +2,18 @@
 
 from __future__ import annotations
 
-import logging
 import re
 import time
 from datetime import timedelta
 from multiprocessing.util import Finalize
-from typing import Optional
+from typing import Any, Callable, Optional
 
 import torch.distributed
-from pytorch_lightning.strategies import ParallelStrategy
-from pytorch_lightning.utilities.rank_zero import rank_zero_info
 from torch.distributed.constants import default_pg_timeout
 
 from lightning_dist_hooks import _lightning_internals
-from lightning_dist_hooks.hooks import default_setup_distributed_backend, user_hook
 from lightning_dist_hooks.init_methods import InitMethod, Rendezvous, init_method_handler
 from lightning_dist_hooks.progress import missing_ranks_query, rendezvous_progress
-
-log = logging.getLogger(__name__)
 
 # Runs before multiprocessing's own exit handlers of lower priority; the value only orders finalizers.
 _FINISH_PRIORITY = 100
@@ -29,7 +23,7 @@ class DistributedSetupError(RuntimeError):
     """``setup_distributed_backend`` failed, or returned without the process group the Trainer needs."""
 
 
-def create_process_group(strategy: ParallelStrategy, init_method: Optional[str]) -> None:
+def create_process_group(strategy: Any, init_method: Optional[str], hook: Callable[..., None]) -> None:
     """Create this rank's default process group through the LightningModule's ``setup_distributed_backend``.
 
     Called on every rank after the strategy knows its ranks and before any collective. The group and the
@@ -46,8 +40,10 @@ def create_process_group(strategy: ParallelStrategy, init_method: Optional[str])
     # Registered before the hook runs, so that a failing hook still leaves no rendezvous file behind.
     Finalize(None, _finish_process_group, args=(handler, rendezvous), exitpriority=_FINISH_PRIORITY)
 
-    hook = user_hook(strategy.lightning_module, "setup_distributed_backend") or default_setup_distributed_backend
-    log.info(f"Initializing distributed: GLOBAL_RANK: {rank}, MEMBER: {rank + 1}/{world_size}")
+    flavour = _lightning_internals.flavour_of(strategy)
+    assert flavour is not None
+    # Lightning's own words, through Lightning's own logger: what a user sees does not change with the flags.
+    flavour.distributed_log.info(f"Initializing distributed: GLOBAL_RANK: {rank}, MEMBER: {rank + 1}/{world_size}")
     started = time.monotonic()
     try:
         with rendezvous_progress(rank, world_size, url, timeout,
@@ -66,7 +62,7 @@ def create_process_group(strategy: ParallelStrategy, init_method: Optional[str])
             f"(backend={backend!r}, init_method={rendezvous.init_method!r}): {error}"
         ) from error
     check_default_group(rank, world_size)
-    rank_zero_info(
+    flavour.rank_zero_info(
         f"{'-' * 100}\ndistributed_backend={backend}, init_method={rendezvous.init_method}\n"
         f"All distributed processes registered. Starting with {world_size} processes\n{'-' * 100}\n"
     )

@@ -1,6 +1,6 @@
 """Letting the flags and ``setup_distributed_backend`` create the process group of any strategy that makes one.
 
-The Trainer gets its strategy from a string (``"ddp_spawn"``, ``"fsdp"``, ...) or from the user's own instance,
+The Trainer (or Fabric) gets its strategy from a string (``"ddp_spawn"``, ``"fsdp"``, ...) or from the user's own instance,
 possibly of the user's own subclass. To keep every setting and the instance itself, the Trainer gives that
 instance a generated subclass of its own class whose only change is that ``setup_environment`` first creates
 the process group our way. Lightning's code that follows then finds the
@@ -10,30 +10,33 @@ group initialised and skips its own ``env://`` bootstrap, which it does by desig
 from __future__ import annotations
 
 import logging
-from typing import Any, Callable
+from typing import Any, Callable, Optional
 
 import torch.distributed
-from pytorch_lightning.strategies import DDPStrategy, FSDPStrategy, ModelParallelStrategy, Strategy
 
 from lightning_dist_hooks import _lightning_internals
 from lightning_dist_hooks.backends import check_backend_fits_devices, register_if_mpi4py
 from lightning_dist_hooks.config import ProcessGroupConfig
-from lightning_dist_hooks.hooks import user_hook
+from lightning_dist_hooks.hooks import default_setup_distributed_backend, user_hook
 from lightning_dist_hooks.lost_peers import is_collective_timeout, lost_peers_message
 from lightning_dist_hooks.mpi._abort import note_failure
 from lightning_dist_hooks.process_group import create_process_group
 
 log = logging.getLogger(__name__)
 
-# Strategies whose setup creates the default process group through Lightning's ``_init_dist_connection``.
-# DeepSpeedStrategy subclasses DDPStrategy; DeepSpeed skips its own bootstrap when a group already exists.
-PROCESS_GROUP_STRATEGIES = (DDPStrategy, FSDPStrategy, ModelParallelStrategy)
+
+def _setup_hook(strategy: Any) -> Optional[Callable[..., None]]:
+    """The user's ``setup_distributed_backend``: Fabric's from its constructor, the Trainer's from the
+    LightningModule (Fabric strategies have none); None when there is none."""
+    return strategy._setup_distributed_backend or user_hook(
+        getattr(strategy, "lightning_module", None), "setup_distributed_backend"
+    )
 
 
 def _takes_over(strategy: Any) -> bool:
     """Whether the flags or the hook make the process group ours; otherwise everything stays Lightning's."""
     config: ProcessGroupConfig = strategy._process_group_config
-    return not config.is_default or user_hook(strategy.lightning_module, "setup_distributed_backend") is not None
+    return not config.is_default or _setup_hook(strategy) is not None
 
 
 def _setup_environment(self: Any) -> None:
@@ -41,8 +44,9 @@ def _setup_environment(self: Any) -> None:
     register_if_mpi4py(_lightning_internals.requested_process_group_backend(self))
     note_failure(None)  # a new run: an exception an earlier run stopped on was handled
     if _takes_over(self) and not torch.distributed.is_initialized():
-        self.set_world_ranks()
-        create_process_group(self, self._process_group_config.init_method)
+        _lightning_internals.set_world_ranks(self)
+        hook = _setup_hook(self) or default_setup_distributed_backend
+        create_process_group(self, self._process_group_config.init_method, hook)
     self._unhooked_class.setup_environment(self)
 
 
@@ -91,12 +95,21 @@ def _new_hooked_strategy(strategy_class: type) -> Any:
     return hooked.__new__(hooked)
 
 
-def creates_process_group(strategy: Strategy) -> bool:
-    return isinstance(strategy, PROCESS_GROUP_STRATEGIES)
+def creates_process_group(strategy: object) -> bool:
+    """Whether ``strategy`` creates the default process group (DDP, FSDP, ModelParallel, of either side or package)."""
+    flavour = _lightning_internals.flavour_of(strategy)
+    return flavour is not None and isinstance(strategy, flavour.process_group_strategies(strategy))
 
 
-def attach_process_group_config(strategy: Strategy, config: ProcessGroupConfig, uses_cuda: bool) -> None:
+def attach_process_group_config(
+    strategy: Any,
+    config: ProcessGroupConfig,
+    uses_cuda: bool,
+    setup_distributed_backend: Optional[Callable[..., None]] = None,
+) -> None:
     """Check ``config`` against ``strategy`` and make the strategy create its group through the hooks.
+
+    ``setup_distributed_backend`` (Fabric's constructor argument) is used instead of the LightningModule's hook.
 
     Raises ``ValueError`` when the strategy was given a different ``process_group_backend``, or when the backend
     does not fit the devices. The strategy's other settings are untouched.
@@ -111,4 +124,5 @@ def attach_process_group_config(strategy: Strategy, config: ProcessGroupConfig, 
         check_backend_fits_devices(config.backend, uses_cuda)
         _lightning_internals.set_process_group_backend(strategy, config.backend)
     strategy.__class__ = _hooked_class(type(strategy))
-    strategy._process_group_config = config  # type: ignore[attr-defined]
+    strategy._process_group_config = config
+    strategy._setup_distributed_backend = setup_distributed_backend

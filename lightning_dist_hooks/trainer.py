@@ -1,26 +1,35 @@
-"""The drop-in Trainer: ``pytorch_lightning.Trainer`` plus two flags and two LightningModule hooks."""
+"""The drop-in Trainer mixin: a Lightning ``Trainer`` (of either package) plus two flags and two module hooks."""
 
 from __future__ import annotations
 
 import inspect
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
-import pytorch_lightning as pl
-from lightning_fabric.plugins.environments import ClusterEnvironment
-from pytorch_lightning.accelerators import CUDAAccelerator
-from pytorch_lightning.utilities.rank_zero import rank_zero_warn
-
-from lightning_dist_hooks.backends import check_mpi_launch
+from lightning_dist_hooks import _lightning_internals
+from lightning_dist_hooks._lightning_internals import Flavour, check_same_package
 from lightning_dist_hooks.config import ProcessGroupConfig
-from lightning_dist_hooks.environments import detect_cluster_environment, lightning_would_choose
 from lightning_dist_hooks.sampling import install_sampler_hook
-from lightning_dist_hooks.strategy import attach_process_group_config, creates_process_group
+from lightning_dist_hooks.wiring import apply_flags, with_detected_cluster_environment
+
+# Our parameters, as they appear in the Trainer's signature, ``--help`` and ``LightningCLI``.
+FLAG_DOCS = {
+    "torch_dist_backend": (
+        "the ``torch.distributed`` backend (``\"gloo\"``, ``\"nccl\"``, ``\"mpi\"``, ``\"ucc\"``, ``\"xccl\"`` or a "
+        "registered name; case-insensitive). None keeps Lightning's choice: nccl on CUDA, gloo on CPU, or the "
+        "strategy's ``process_group_backend``."
+    ),
+    "torch_dist_init_method": (
+        "how ranks meet: ``\"env://\"``, ``\"tcp://HOST:PORT\"``, ``\"file:///PATH\"`` or ``\"file:///DIR/\"`` (one "
+        "file per launch inside DIR, named from the job identity; ``ValueError`` when the launcher gives none). None "
+        "keeps Lightning's ``env://`` with the address and port of the cluster environment."
+    ),
+}
 
 
 class DistributedHooksTrainerMixin:
     """Adds ``torch_dist_backend``, ``torch_dist_init_method`` and the two hooks to a Trainer class.
 
-    Put it in front of any ``pytorch_lightning.Trainer`` subclass you already have::
+    Put it in front of any Trainer subclass you already have, of ``pytorch_lightning`` or of ``lightning``::
 
         class MyTrainer(DistributedHooksTrainerMixin, MyExistingTrainer):
             pass
@@ -29,29 +38,21 @@ class DistributedHooksTrainerMixin:
                             torch_dist_backend="gloo", torch_dist_init_method="file:///shared/run42/rdzv")
 
     Args:
-        torch_dist_backend: the ``torch.distributed`` backend (``"gloo"``, ``"nccl"``, ``"mpi"``, ``"ucc"``,
-            ``"xccl"`` or a registered name; case-insensitive). None keeps Lightning's choice: nccl on CUDA,
-            gloo on CPU, or the strategy's ``process_group_backend``.
-        torch_dist_init_method: how ranks meet: ``"env://"``, ``"tcp://HOST:PORT"``, ``"file:///PATH"`` or
-            ``"file:///DIR/"`` (one file per launch inside DIR, named from the job identity; ``ValueError`` when
-            the launcher gives none). None keeps Lightning's ``env://`` with the address and port of the cluster
-            environment.
+        torch_dist_backend: see ``FLAG_DOCS``.
+        torch_dist_init_method: see ``FLAG_DOCS``.
 
     Unless ``plugins`` or the strategy already hold a ``ClusterEnvironment``, the environment of the launcher that
     started this process (``lightning_dist_hooks.environments.detection_order()``) is added to ``plugins``.
 
     Both are checked here, before any process starts; a bad value raises ``ValueError`` naming it and the fix.
-    All other arguments are the parent Trainer's, unchanged.
+    All other arguments are the parent Trainer's, unchanged. The class gets an ``__init__`` whose signature is the
+    parent's plus ours, so that ``inspect.signature``, ``PL_TRAINER_*`` defaults and ``LightningCLI`` see both.
     """
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
-        # Lightning reads ``PL_TRAINER_*`` defaults for the parameters in the class signature; show it the
-        # parent's parameters, not this mixin's ``**kwargs``.
-        parent_init = next(base.__init__ for base in cls.__mro__[1:] if issubclass(base, pl.Trainer))
-        cls.__signature__ = inspect.signature(parent_init).replace(  # type: ignore[attr-defined]
-            parameters=list(inspect.signature(parent_init).parameters.values())[1:]
-        )
+        if DistributedHooksTrainerMixin in cls.__bases__ and "__init__" not in cls.__dict__:
+            cls.__init__ = _init_with_full_signature(cls)  # type: ignore[method-assign]
 
     def __init__(
         self,
@@ -60,22 +61,7 @@ class DistributedHooksTrainerMixin:
         torch_dist_init_method: Optional[str] = None,
         **kwargs: Any,
     ) -> None:
-        config = ProcessGroupConfig.validated(torch_dist_backend, torch_dist_init_method)
-        super().__init__(*args, **_with_detected_cluster_environment(kwargs))
-        trainer: Any = self
-        strategy = trainer.strategy
-        if creates_process_group(strategy):
-            config = config.resolved(strategy.cluster_environment, num_nodes=strategy.num_nodes)
-            attach_process_group_config(strategy, config, uses_cuda=isinstance(trainer.accelerator, CUDAAccelerator))
-            check_mpi_launch(config.backend, config.init_method, trainer.num_devices, trainer.num_nodes)
-        elif not config.is_default:
-            rank_zero_warn(
-                f"torch_dist_backend={config.backend!r} and torch_dist_init_method={config.init_method!r} are "
-                f"ignored: {type(strategy).__name__} creates no process group. Use a multi-process strategy, "
-                "e.g. Trainer(strategy='ddp', devices=2), for them to take effect."
-            )
-        self._process_group_config = config
-        install_sampler_hook(trainer)
+        _initialize(self, super().__init__, args, kwargs, torch_dist_backend, torch_dist_init_method)
 
     @property
     def torch_dist_backend(self) -> Optional[str]:
@@ -87,33 +73,93 @@ class DistributedHooksTrainerMixin:
         """The validated ``torch_dist_init_method`` (``file:///DIR/`` resolved to this launch's file), or None."""
         return self._process_group_config.init_method
 
+    def fit(self, model: Any, *args: Any, **kwargs: Any) -> Any:
+        check_same_package(self, {"model": model, **kwargs})
+        return super().fit(model, *args, **kwargs)  # type: ignore[misc]
 
-def _with_detected_cluster_environment(kwargs: dict[str, Any]) -> dict[str, Any]:
-    """``kwargs`` with the detected cluster environment added to ``plugins``, unless the user chose one.
+    def validate(self, model: Any = None, *args: Any, **kwargs: Any) -> Any:
+        check_same_package(self, {"model": model, **kwargs})
+        return super().validate(model, *args, **kwargs)  # type: ignore[misc]
 
-    The public route: Lightning takes a ``ClusterEnvironment`` from ``plugins`` before its own detection. Nothing
-    is added where Lightning's own detection picks the same class, so Lightning's choice stays bit for bit its own.
+    def test(self, model: Any = None, *args: Any, **kwargs: Any) -> Any:
+        check_same_package(self, {"model": model, **kwargs})
+        return super().test(model, *args, **kwargs)  # type: ignore[misc]
+
+    def predict(self, model: Any = None, *args: Any, **kwargs: Any) -> Any:
+        check_same_package(self, {"model": model, **kwargs})
+        return super().predict(model, *args, **kwargs)  # type: ignore[misc]
+
+
+def trainer_flavour(trainer_class: type) -> Flavour:
+    flavour = _lightning_internals.flavour_of(trainer_class)
+    if flavour is None:
+        raise TypeError(
+            f"{trainer_class.__name__} mixes in DistributedHooksTrainerMixin but is no Lightning Trainer: put the "
+            "mixin in front of a pytorch_lightning.Trainer or lightning.pytorch.Trainer subclass."
+        )
+    return flavour
+
+
+def _initialize(
+    trainer: Any,
+    lightning_init: Callable[..., None],
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    torch_dist_backend: Optional[str],
+    torch_dist_init_method: Optional[str],
+) -> None:
+    config = ProcessGroupConfig.validated(torch_dist_backend, torch_dist_init_method)
+    flavour = trainer_flavour(type(trainer))
+    check_same_package(trainer, kwargs)
+    lightning_init(*args, **with_detected_cluster_environment(kwargs, flavour))
+    trainer._process_group_config = apply_flags(trainer, trainer.strategy, config, flavour)
+    install_sampler_hook(trainer)
+
+
+def _init_with_full_signature(cls: type) -> Callable[..., None]:
+    """An ``__init__`` for ``cls`` whose signature and docstring are the parent Trainer's plus our two flags.
+
+    ``LightningCLI`` (jsonargparse) builds ``--trainer.*`` from the ``__init__`` it finds; it cannot follow
+    ``**kwargs`` through the mixin. Lightning's ``PL_<CLASS>_*`` defaults wrap this ``__init__`` as they wrap
+    Lightning's, for all parameters ours included; the parent's own wrapper is then skipped, since it would add
+    our parameters, read again from the environment, to a call that does not take them.
     """
-    plugins = kwargs.get("plugins")
-    plugin_list = [] if plugins is None else list(plugins) if isinstance(plugins, (list, tuple)) else [plugins]
-    strategy = kwargs.get("strategy")
-    chosen_already = any(isinstance(plugin, ClusterEnvironment) for plugin in plugin_list) or (
-        getattr(strategy, "cluster_environment", None) is not None
-    )
-    detected = None if chosen_already else detect_cluster_environment()
-    if detected is None or lightning_would_choose(detected):
-        return kwargs
-    return {**kwargs, "plugins": [*plugin_list, detected()]}
+    flavour = trainer_flavour(cls)
+    parent_init = super(DistributedHooksTrainerMixin, cls).__init__  # type: ignore[misc]
+
+    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+        backend, init_method = kwargs.pop("torch_dist_backend", None), kwargs.pop("torch_dist_init_method", None)
+        lightning_init = flavour.without_env_defaults(super(DistributedHooksTrainerMixin, type(self)).__init__)
+        _initialize(self, lightning_init.__get__(self), args, kwargs, backend, init_method)
+
+    __init__.__signature__ = _full_signature(parent_init)  # type: ignore[attr-defined]
+    __init__.__doc__ = _full_docstring(parent_init.__doc__ or "")
+    __init__.__qualname__ = f"{cls.__qualname__}.__init__"
+    __init__.__module__ = cls.__module__
+    return flavour.with_env_defaults(__init__)
 
 
-class Trainer(DistributedHooksTrainerMixin, pl.Trainer):
-    """``pytorch_lightning.Trainer`` with ``torch_dist_backend``, ``torch_dist_init_method`` and the hooks.
+def _full_signature(parent_init: Callable[..., None]) -> inspect.Signature:
+    signature = inspect.signature(parent_init, eval_str=True)
+    ours = [
+        inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=None, annotation=Optional[str])
+        for name in FLAG_DOCS
+    ]
+    parameters = list(signature.parameters.values())
+    variadic = [p for p in parameters if p.kind == inspect.Parameter.VAR_KEYWORD]
+    plain = [p for p in parameters if p.kind != inspect.Parameter.VAR_KEYWORD]
+    return signature.replace(parameters=[*plain, *ours, *variadic])
 
-    Example::
 
-        from lightning_dist_hooks import Trainer
-
-        trainer = Trainer(accelerator="cpu", devices=2, strategy="ddp",
-                          torch_dist_backend="gloo", torch_dist_init_method="file:///shared/run42/rdzv")
-        trainer.fit(model)
-    """
+def _full_docstring(parent_doc: str) -> str:
+    """The parent's docstring with our flags added at the end of its ``Args:`` section."""
+    lines = inspect.cleandoc(parent_doc).splitlines()
+    ours = [f"    {name}: {text}" for name, text in FLAG_DOCS.items()]
+    if "Args:" not in lines:
+        return "\n".join([*lines, "", "Args:", *ours])
+    end = lines.index("Args:") + 1
+    while end < len(lines) and (not lines[end].strip() or lines[end].startswith(" ")):
+        end += 1
+    while not lines[end - 1].strip():
+        end -= 1
+    return "\n".join([*lines[:end], *ours, *lines[end:]])

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import warnings
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 from urllib.parse import SplitResult, urlsplit
 
-from lightning_fabric.plugins.environments import ClusterEnvironment
+if TYPE_CHECKING:  # either Lightning package's; this module imports neither
+    from lightning_dist_hooks._lightning_internals import ClusterEnvironment
+
 
 
 @dataclass(frozen=True)

@@ -13,10 +13,9 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 from urllib.parse import SplitResult, urlsplit
 
-from lightning_fabric.plugins.environments import ClusterEnvironment
 
 from lightning_dist_hooks.init_methods._base import InitMethod, Rendezvous
 from lightning_dist_hooks.init_methods._private_files import (
@@ -29,6 +28,9 @@ from lightning_dist_hooks.init_methods._private_files import (
 )
 from lightning_dist_hooks.janitor import Janitor
 from lightning_dist_hooks.launches import launch_identity, no_identity_shared_by_nodes
+
+if TYPE_CHECKING:  # either Lightning package's; this module imports neither
+    from lightning_dist_hooks._lightning_internals import ClusterEnvironment
 
 log = logging.getLogger(__name__)
 

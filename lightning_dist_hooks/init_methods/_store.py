@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import ipaddress
 import os
 import re
 from urllib.parse import SplitResult
 
-from lightning_fabric.plugins.environments import ClusterEnvironment
 
 from lightning_dist_hooks.init_methods._base import AddresslessInitMethod, InitMethod, Rendezvous
+
+if TYPE_CHECKING:  # either Lightning package's; this module imports neither
+    from lightning_dist_hooks._lightning_internals import ClusterEnvironment
 
 
 class TCPStoreInitMethod(InitMethod):

@@ -1,0 +1,57 @@
+"""What the Trainer and Fabric share: the detected launcher environment and the flags, given to their strategy."""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Optional
+
+from lightning_dist_hooks._lightning_internals import Flavour
+from lightning_dist_hooks.backends import check_mpi_launch
+from lightning_dist_hooks.config import ProcessGroupConfig
+from lightning_dist_hooks.environments import detect_cluster_environment, lightning_would_choose, register_with
+from lightning_dist_hooks.strategy import attach_process_group_config, creates_process_group
+
+
+def with_detected_cluster_environment(kwargs: dict[str, Any], flavour: Flavour) -> dict[str, Any]:
+    """``kwargs`` with the detected cluster environment added to ``plugins``, unless the user chose one.
+
+    The public route: Lightning takes a ``ClusterEnvironment`` from ``plugins`` before its own detection. Nothing
+    is added where Lightning's own detection picks the same class, so Lightning's choice stays bit for bit its own.
+    """
+    register_with(flavour)
+    plugins = kwargs.get("plugins")
+    plugin_list = [] if plugins is None else list(plugins) if isinstance(plugins, (list, tuple)) else [plugins]
+    strategy = kwargs.get("strategy")
+    chosen_already = any(isinstance(plugin, flavour.ClusterEnvironment) for plugin in plugin_list) or (
+        getattr(strategy, "cluster_environment", None) is not None
+    )
+    detected = None if chosen_already else detect_cluster_environment(flavour)
+    if detected is None or lightning_would_choose(detected, flavour):
+        return kwargs
+    return {**kwargs, "plugins": [*plugin_list, detected()]}
+
+
+def apply_flags(
+    owner: object,
+    strategy: Any,
+    config: ProcessGroupConfig,
+    flavour: Flavour,
+    setup_distributed_backend: Optional[Callable[..., None]] = None,
+) -> ProcessGroupConfig:
+    """Make ``owner``'s (a Trainer's or a Fabric's) strategy create its group with ``config``; the config it uses.
+
+    The init method is resolved here, at construction (``file:///DIR/`` to this launch's file): the process that
+    launches the others names the launch before any of them starts.
+    """
+    if creates_process_group(strategy):
+        config = config.resolved(strategy.cluster_environment, num_nodes=strategy.num_nodes)
+        attach_process_group_config(
+            strategy, config, flavour.is_cuda_accelerator(strategy.accelerator), setup_distributed_backend
+        )
+        check_mpi_launch(config.backend, config.init_method, len(strategy.parallel_devices), strategy.num_nodes)
+    elif not config.is_default or setup_distributed_backend is not None:
+        flavour.rank_zero_warn(
+            f"torch_dist_backend={config.backend!r} and torch_dist_init_method={config.init_method!r} are "
+            f"ignored: {type(strategy).__name__} creates no process group. Use a multi-process strategy, "
+            f"e.g. {type(owner).__name__}(strategy='ddp', devices=2), for them to take effect."
+        )
+    return config
