@@ -1,4 +1,4 @@
-"""With no flag and no hook, ``lightning_dist_hooks.Trainer`` is ``pytorch_lightning.Trainer``, bit for bit."""
+"""With no flag and no hook, our Trainer is Lightning's Trainer, bit for bit, in both Lightning packages."""
 
 from __future__ import annotations
 
@@ -6,23 +6,23 @@ import inspect
 import pickle
 
 import pytest
-import pytorch_lightning as pl
-from pytorch_lightning.strategies import DDPStrategy, FSDPStrategy
 
-import lightning_dist_hooks
-from lightning_dist_hooks import DistributedHooksTrainerMixin, Trainer
+from lightning_dist_hooks import DistributedHooksTrainerMixin
 from lightning_dist_hooks.config import ProcessGroupConfig
 from lightning_dist_hooks.strategy import attach_process_group_config
+from packages import both_packages
 
 
 @pytest.mark.parametrize(
-    ("strategy", "devices", "stages"),
-    # ddp_spawn starts new processes for every stage, so it runs fewer of them to keep the suite fast.
-    [("auto", 1, "fit,validate,test,predict"), ("ddp", 2, "fit,validate,test,predict"), ("ddp_spawn", 2, "fit,test")],
-    ids=["1-device", "ddp", "ddp_spawn"],
+    ("strategy", "devices", "stages", "package"),
+    # ddp_spawn starts new processes for every stage, so it runs fewer of them to keep the suite fast; the
+    # lightning package runs the ddp case, which has every stage.
+    [("auto", 1, "fit,validate,test,predict", "pytorch_lightning"), ("ddp", 2, "fit,validate,test,predict", "pytorch_lightning"),
+     ("ddp_spawn", 2, "fit,test", "pytorch_lightning"), ("ddp", 2, "fit,validate,test,predict", "lightning")],
+    ids=["1-device", "ddp", "ddp_spawn", "ddp-lightning"],
 )
-def test_defaults_give_bitwise_equal_weights_and_identical_sample_order(run_job, strategy, devices, stages):
-    flags = ("--strategy", strategy, "--devices", str(devices), "--stages", stages)
+def test_defaults_give_bitwise_equal_weights_and_identical_sample_order(run_job, strategy, devices, stages, package):
+    flags = ("--package", package, "--strategy", strategy, "--devices", str(devices), "--stages", stages)
     theirs = run_job("--trainer", "pl", *flags).assert_ok()
     ours = run_job("--trainer", "ldh", *flags).assert_ok()
     assert sorted(ours.ranks) == sorted(theirs.ranks) == list(range(devices))
@@ -41,7 +41,9 @@ def test_explicit_backend_and_file_rendezvous_train_the_same_weights(run_job, tm
     assert ours.same_on_all_ranks("weights_sha256") == theirs.same_on_all_ranks("weights_sha256")
 
 
-def test_trainer_is_a_lightning_trainer_built_from_a_public_mixin():
+@both_packages
+def test_trainer_is_a_lightning_trainer_built_from_a_public_mixin(package):
+    pl, Trainer = package.pl, package.ours.Trainer
     assert issubclass(Trainer, pl.Trainer) and issubclass(Trainer, DistributedHooksTrainerMixin)
 
     class ExistingTrainer(pl.Trainer):
@@ -55,16 +57,24 @@ def test_trainer_is_a_lightning_trainer_built_from_a_public_mixin():
     assert trainer.greeting() == "kept" and trainer.torch_dist_backend == "gloo"
 
 
-def test_signature_keeps_lightnings_parameters_and_env_defaults(monkeypatch):
-    lightning_parameters = list(inspect.signature(pl.Trainer).parameters)
-    assert list(inspect.signature(Trainer).parameters) == lightning_parameters
+@both_packages
+def test_signature_is_lightnings_plus_ours_and_env_defaults_reach_both(package, monkeypatch):
+    lightning_parameters = inspect.signature(package.pl.Trainer).parameters
+    ours = inspect.signature(package.ours.Trainer).parameters
+    assert list(ours) == [*lightning_parameters, "torch_dist_backend", "torch_dist_init_method"]
+    assert all(ours[name] == parameter for name, parameter in lightning_parameters.items())
     monkeypatch.setenv("PL_TRAINER_MAX_EPOCHS", "7")
-    assert Trainer(accelerator="cpu", logger=False).max_epochs == 7
+    monkeypatch.setenv("PL_TRAINER_TORCH_DIST_BACKEND", "GLOO")
+    trainer = package.ours.Trainer(accelerator="cpu", logger=False)
+    assert (trainer.max_epochs, trainer.torch_dist_backend) == (7, "gloo")
+    assert package.ours.Trainer(accelerator="cpu", logger=False, max_epochs=3).max_epochs == 3  # an argument wins
 
 
+@both_packages
 @pytest.mark.parametrize("strategy", ["ddp_spawn", "ddp", "ddp_fork", "ddp_notebook", "ddp_find_unused_parameters_true"])
-def test_trainer_and_strategy_stay_picklable(strategy, tmp_path):
-    trainer = Trainer(accelerator="cpu", devices=2, strategy=strategy, logger=False, torch_dist_backend="gloo",
+def test_trainer_and_strategy_stay_picklable(package, strategy, tmp_path):
+    DDPStrategy = package.pl.strategies.DDPStrategy
+    trainer = package.ours.Trainer(accelerator="cpu", devices=2, strategy=strategy, logger=False, torch_dist_backend="gloo",
                       torch_dist_init_method=f"file://{tmp_path}/rendezvous")
     copy = pickle.loads(pickle.dumps(trainer))
     assert type(copy.strategy).__name__ == type(trainer.strategy).__name__
@@ -74,25 +84,29 @@ def test_trainer_and_strategy_stay_picklable(strategy, tmp_path):
     assert (copy.torch_dist_backend, copy.torch_dist_init_method) == ("gloo", f"file://{tmp_path}/rendezvous")
 
 
-def test_module_with_the_hooks_mixin_is_picklable():
-    module = pickle.loads(pickle.dumps(lightning_dist_hooks.LightningModule()))
-    assert isinstance(module, pl.LightningModule)
+@both_packages
+def test_module_with_the_hooks_mixin_is_picklable(package):
+    module = pickle.loads(pickle.dumps(package.ours.LightningModule()))
+    assert isinstance(module, package.pl.LightningModule)
     assert callable(module.setup_distributed_backend) and callable(module.configure_sampler)
 
 
-def test_a_user_strategy_instance_keeps_its_identity_and_settings():
+@both_packages
+def test_a_user_strategy_instance_keeps_its_identity_and_settings(package):
     from datetime import timedelta
 
-    strategy = DDPStrategy(find_unused_parameters=True, timeout=timedelta(seconds=42))
-    trainer = Trainer(accelerator="cpu", devices=2, strategy=strategy, torch_dist_backend="gloo", logger=False)
+    strategy = package.pl.strategies.DDPStrategy(find_unused_parameters=True, timeout=timedelta(seconds=42))
+    trainer = package.ours.Trainer(accelerator="cpu", devices=2, strategy=strategy, torch_dist_backend="gloo", logger=False)
     assert trainer.strategy is strategy
     assert strategy._ddp_kwargs == {"find_unused_parameters": True}
     assert strategy._timeout == timedelta(seconds=42)
     assert strategy.process_group_backend == "gloo"
 
 
-def test_fsdp_strategy_takes_the_hooks():
+@both_packages
+def test_fsdp_strategy_takes_the_hooks(package):
     # Lightning 2.6 runs FSDP on CUDA only; the hooks attach to the instance the same way as for DDP.
+    FSDPStrategy = package.pl.strategies.FSDPStrategy
     strategy = FSDPStrategy()
     attach_process_group_config(strategy, ProcessGroupConfig(backend="gloo"), uses_cuda=False)
     copy = pickle.loads(pickle.dumps(strategy))

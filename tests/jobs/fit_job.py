@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import importlib
 import json
 import os
 import socket
@@ -15,15 +16,22 @@ import time
 from datetime import timedelta
 from pathlib import Path
 
-import pytorch_lightning as pl
 import torch
 import torch.distributed as dist
-from pytorch_lightning.strategies import DDPStrategy, ModelParallelStrategy
 from torch.utils.data import DataLoader, Dataset, Sampler
 
-import lightning_dist_hooks
 from sockets import established_ipv4_connections, listening_tcp_ports
 from lightning_dist_hooks.environments import LAUNCHER_ENVIRONMENTS
+
+# --package picks the Lightning package the whole job uses (read before main(): the classes below subclass it).
+PACKAGES = {"pytorch_lightning": ("pytorch_lightning", "lightning_dist_hooks"),
+            "lightning": ("lightning.pytorch", "lightning_dist_hooks.lightning")}
+_preparser = argparse.ArgumentParser(add_help=False)
+_preparser.add_argument("--package", choices=sorted(PACKAGES), default="pytorch_lightning")
+PACKAGE = _preparser.parse_known_args()[0].package
+pl = importlib.import_module(PACKAGES[PACKAGE][0])
+lightning_dist_hooks = importlib.import_module(PACKAGES[PACKAGE][1])
+DDPStrategy, ModelParallelStrategy = pl.strategies.DDPStrategy, pl.strategies.ModelParallelStrategy
 
 DATASET_SIZE = 24
 
@@ -129,6 +137,7 @@ class JobModule(pl.LightningModule):
                 b"".join(p.detach().numpy().tobytes() for p in self.parameters())
             ).hexdigest(),
             "strategy": type(self.trainer.strategy).__name__,
+            "trainer_mro": [f"{cls.__module__}.{cls.__qualname__}" for cls in type(self.trainer).__mro__],
             "strategy_kwargs": getattr(self.trainer.strategy, "_ddp_kwargs", {}),
             "process_group_backend": dist.get_backend() if dist.is_initialized() else None,
             "store": _default_store_chain(),
@@ -295,6 +304,7 @@ def build_strategy(args: argparse.Namespace):
 
 def main() -> None:
     parser = argparse.ArgumentParser()
+    parser.add_argument("--package", choices=sorted(PACKAGES), default="pytorch_lightning")
     parser.add_argument("--trainer", choices=["pl", "ldh"], default="ldh")
     parser.add_argument("--strategy", default="ddp")
     parser.add_argument("--devices", type=int, default=2)
