@@ -4,11 +4,15 @@ from __future__ import annotations
 
 import json
 
+from packages import both_packages
+
 DATASET = list(range(24))
 
 
-def test_custom_sampler_gives_each_rank_exactly_its_indices_in_every_stage(run_job):
-    result = run_job("--sampler-hook", "custom", "--stages", "fit,test,predict", "--epochs", "2").assert_ok()
+@both_packages
+def test_custom_sampler_gives_each_rank_exactly_its_indices_in_every_stage(run_job, package):
+    result = run_job("--package", package.name, "--sampler-hook", "custom", "--stages", "fit,test,predict",
+                     "--epochs", "2").assert_ok()
     for rank, record in result.ranks.items():
         mine = list(range(rank, 24, 3))
         assert record["seen"]["train"] == mine * 2

@@ -13,16 +13,15 @@ from pathlib import Path
 
 import pytest
 import torch.distributed as dist
-from pytorch_lightning.strategies import DDPStrategy
 
-from lightning_dist_hooks import Trainer
 from lightning_dist_hooks.backends import check_backend_fits_devices
+from packages import PYTORCH_LIGHTNING, both_packages
 
 
-def make_trainer(**kwargs):
+def make_trainer(package=PYTORCH_LIGHTNING, **kwargs):
     options = dict(accelerator="cpu", devices=2, strategy="ddp", logger=False, enable_checkpointing=False)
     options.update(kwargs)
-    return Trainer(**options)
+    return package.ours.Trainer(**options)
 
 
 def test_unknown_backend_lists_the_backends_this_build_offers():
@@ -67,13 +66,17 @@ def test_a_registered_third_party_backend_is_accepted():
     assert make_trainer(torch_dist_backend=name.upper()).torch_dist_backend == name
 
 
-def test_backend_conflicting_with_the_strategy_is_an_error():
+@both_packages
+def test_backend_conflicting_with_the_strategy_is_an_error(package):
+    DDPStrategy = package.pl.strategies.DDPStrategy
     with pytest.raises(ValueError, match=r"torch_dist_backend='gloo' conflicts with DDPStrategy\(process_group_backend='nccl'\)"):
-        make_trainer(strategy=DDPStrategy(process_group_backend="nccl"), torch_dist_backend="gloo")
+        make_trainer(package, strategy=DDPStrategy(process_group_backend="nccl"), torch_dist_backend="gloo")
 
 
-def test_the_same_backend_in_both_places_is_fine():
-    trainer = make_trainer(strategy=DDPStrategy(process_group_backend="gloo"), torch_dist_backend="Gloo")
+@both_packages
+def test_the_same_backend_in_both_places_is_fine(package):
+    DDPStrategy = package.pl.strategies.DDPStrategy
+    trainer = make_trainer(package, strategy=DDPStrategy(process_group_backend="gloo"), torch_dist_backend="Gloo")
     assert trainer.strategy.process_group_backend == "gloo"
 
 
@@ -158,9 +161,10 @@ def test_only_a_trailing_slash_means_one_file_per_launch(tmp_path: Path):
         make_trainer(torch_dist_init_method=f"file://{tmp_path}")
 
 
-def test_flags_on_a_run_without_a_process_group_warn_that_they_are_ignored():
+@both_packages
+def test_flags_on_a_run_without_a_process_group_warn_that_they_are_ignored(package):
     with pytest.warns(UserWarning, match=r"torch_dist_backend='gloo' .* are ignored: SingleDeviceStrategy creates no process group"):
-        make_trainer(devices=1, strategy="auto", torch_dist_backend="gloo")
+        make_trainer(package, devices=1, strategy="auto", torch_dist_backend="gloo")
 
 
 def test_no_warning_without_flags_on_one_device():

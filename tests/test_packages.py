@@ -1,0 +1,131 @@
+"""Both Lightning packages: each Trainer takes its own package's objects, names the other package's clearly, and
+importing one never imports the other."""
+
+from __future__ import annotations
+
+import inspect
+import subprocess
+import sys
+
+import pytest
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+from conftest import REPO, job_environment
+from lightning_dist_hooks import DistributedHooksTrainerMixin, MixedLightningPackagesError, OpenMPIEnvironment
+from lightning_dist_hooks import _lightning_internals
+from packages import BOTH, LIGHTNING, PYTORCH_LIGHTNING, both_packages
+
+OPENMPI_RANK_1_OF_2 = {"OMPI_COMM_WORLD_RANK": "1", "OMPI_COMM_WORLD_SIZE": "2", "OMPI_COMM_WORLD_LOCAL_RANK": "1",
+                       "OMPI_COMM_WORLD_LOCAL_SIZE": "2", "PMIX_NAMESPACE": "prterun-test-1@1"}
+
+
+def model_of(package):
+    class Model(package.pl.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.layer = torch.nn.Linear(2, 1)
+
+        def training_step(self, batch, batch_idx):
+            return self.layer(batch[0]).sum()
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+        def train_dataloader(self):
+            return DataLoader(TensorDataset(torch.ones(4, 2)), batch_size=2)
+
+    return Model()
+
+
+def imported_lightning_packages(statement: str) -> list[str]:
+    code = f"import sys; {statement}; print(sorted({{m.split('.')[0] for m in sys.modules}} & " \
+           "{'pytorch_lightning', 'lightning_fabric', 'lightning'}))"
+    completed = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=job_environment(), capture_output=True,
+                               text=True, timeout=120)
+    assert completed.returncode == 0, completed.stderr
+    return eval(completed.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize(("statement", "expected"), [
+    ("import lightning_dist_hooks", []),
+    ("from lightning_dist_hooks import Trainer, LightningModule, Fabric", ["lightning_fabric", "pytorch_lightning"]),
+    ("from lightning_dist_hooks.lightning import Trainer, LightningModule, Fabric", ["lightning"]),
+])
+def test_importing_one_package_never_imports_the_other(statement, expected):
+    assert imported_lightning_packages(statement) == expected
+
+
+@both_packages
+def test_a_fit_with_the_packages_own_module_strategy_and_checkpoint_callback(package, tmp_path):
+    checkpoint = package.pl.callbacks.ModelCheckpoint(dirpath=tmp_path)
+    trainer = package.ours.Trainer(accelerator="cpu", devices=1, max_epochs=1, logger=False, callbacks=[checkpoint],
+                                   enable_progress_bar=False, enable_model_summary=False)
+    trainer.fit(model_of(package))
+    assert trainer.state.finished and trainer.global_step == 2
+    assert [path.name for path in tmp_path.iterdir()] == ["epoch=0-step=2.ckpt"]
+    strategy = package.pl.strategies.DDPStrategy(process_group_backend="gloo")
+    assert package.ours.Trainer(accelerator="cpu", devices=2, strategy=strategy, logger=False).strategy is strategy
+
+
+@both_packages
+def test_the_mixin_in_front_of_a_users_own_trainer_subclass(package, monkeypatch):
+    class UsersTrainer(package.pl.Trainer):
+        def __init__(self, *, greeting: str = "hello", **kwargs) -> None:
+            super().__init__(**kwargs)
+            self.greeting = greeting
+
+    class MyTrainer(DistributedHooksTrainerMixin, UsersTrainer):
+        pass
+
+    class Direct(DistributedHooksTrainerMixin, package.pl.Trainer):
+        pass
+
+    trainer = MyTrainer(accelerator="cpu", devices=2, strategy="ddp", greeting="hi", torch_dist_backend="gloo",
+                        logger=False)
+    assert (trainer.greeting, trainer.torch_dist_backend) == ("hi", "gloo") and isinstance(trainer, package.pl.Trainer)
+    assert list(inspect.signature(MyTrainer).parameters) == ["greeting", "torch_dist_backend", "torch_dist_init_method",
+                                                             "kwargs"]
+    monkeypatch.setenv("PL_DIRECT_MAX_EPOCHS", "4")
+    monkeypatch.setenv("PL_DIRECT_TORCH_DIST_INIT_METHOD", "env://")
+    direct = Direct(accelerator="cpu", devices=2, strategy="ddp", logger=False)
+    assert (direct.max_epochs, direct.torch_dist_init_method) == (4, "env://")
+
+
+@both_packages
+def test_our_environments_are_plugins_of_both_packages(package, monkeypatch):
+    for name, value in OPENMPI_RANK_1_OF_2.items():
+        monkeypatch.setenv(name, value)
+    environment = OpenMPIEnvironment()
+    assert isinstance(environment, package.fabric.plugins.environments.ClusterEnvironment)
+    trainer = package.ours.Trainer(accelerator="cpu", devices=2, strategy="ddp", plugins=[environment], logger=False)
+    assert trainer.strategy.cluster_environment is environment and trainer.global_rank == 1
+    detected = package.ours.Trainer(accelerator="cpu", devices=2, strategy="ddp", logger=False)
+    assert type(detected.strategy.cluster_environment) is OpenMPIEnvironment
+    assert package.pl.Trainer(accelerator="cpu", devices=2, strategy="ddp", plugins=[OpenMPIEnvironment()],
+                              logger=False).global_rank == 1  # Lightning's own Trainer takes them as well
+
+
+@pytest.mark.parametrize(("ours", "theirs"), [(PYTORCH_LIGHTNING, LIGHTNING), (LIGHTNING, PYTORCH_LIGHTNING)],
+                         ids=["pytorch_lightning-given-lightning", "lightning-given-pytorch_lightning"])
+def test_mixing_the_packages_is_one_clear_error_naming_both(ours, theirs):
+    both_named = rf"comes from {theirs.pytorch_module}/{theirs.fabric_module} .* this Trainer is " \
+                 rf"{ours.pytorch_module}/{ours.fabric_module}'s"
+    trainer = ours.ours.Trainer(accelerator="cpu", devices=1, logger=False)
+    with pytest.raises(MixedLightningPackagesError, match=rf"model=.*Model {both_named}"):
+        trainer.fit(model_of(theirs))
+    with pytest.raises(MixedLightningPackagesError, match=rf"strategy=DDPStrategy {both_named}"):
+        ours.ours.Trainer(accelerator="cpu", devices=2, strategy=theirs.pl.strategies.DDPStrategy(), logger=False)
+    with pytest.raises(MixedLightningPackagesError, match=r"callbacks=ModelCheckpoint comes from"):
+        ours.ours.Trainer(accelerator="cpu", callbacks=[theirs.pl.callbacks.ModelCheckpoint()], logger=False)
+    with pytest.raises(MixedLightningPackagesError, match=r"strategy=DDPStrategy .* this Fabric is"):
+        ours.ours.Fabric(accelerator="cpu", devices=2, strategy=theirs.fabric.strategies.DDPStrategy())
+
+
+def test_an_untested_lightning_release_warns_with_what_to_do(monkeypatch):
+    monkeypatch.setattr(_lightning_internals, "version", lambda distribution: "2.7.1")
+    flavour = _lightning_internals.Flavour(**{field: getattr(_lightning_internals.LIGHTNING, field) for field in (
+        "distribution", "pytorch", "fabric", "public_module", "import_hint")})
+    with pytest.warns(UserWarning, match=r"tested with lightning>=2.6.6,<2.7, but 2.7.1 is installed.*"
+                                         r"install pip install 'lightning>=2.6.6,<2.7'"):
+        assert flavour.Trainer.__name__ == "Trainer"
