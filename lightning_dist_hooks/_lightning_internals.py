@@ -24,12 +24,24 @@ from datetime import timedelta
 from functools import cached_property
 from importlib.metadata import PackageNotFoundError, version
 from types import ModuleType
-from typing import Any, Callable, Optional
+from typing import TYPE_CHECKING, Any, Callable, Optional
 
 from torch.utils.data import DataLoader, Sampler
 
+if TYPE_CHECKING:
+    # Type hints only, never imported at run time; the same classes exist in lightning.pytorch/lightning.fabric.
+    from lightning_fabric.plugins.environments import ClusterEnvironment
+    from pytorch_lightning import Trainer
+    from pytorch_lightning.trainer.states import RunningStage
+
+    __all__ = ["ClusterEnvironment", "RunningStage", "Trainer"]
+
 # The Lightning releases whose names below were read and tested (both packages release in lockstep).
 TESTED_LIGHTNING = (">=2.6.6", "<2.7")
+
+
+# The distributions whose installed version was compared with TESTED_LIGHTNING in this process.
+_VERSIONS_CHECKED: set[str] = set()
 
 
 class MixedLightningPackagesError(TypeError):
@@ -67,8 +79,11 @@ class Flavour:
         except PackageNotFoundError:
             return None
 
-    @cached_property
-    def _version_checked(self) -> bool:
+    def check_version(self) -> None:
+        """Warn once, naming the fix, when the installed package is outside ``TESTED_LIGHTNING``."""
+        if self.distribution in _VERSIONS_CHECKED:
+            return
+        _VERSIONS_CHECKED.add(self.distribution)
         installed = self.installed_version
         from packaging.specifiers import SpecifierSet  # Lightning's own dependency
 
@@ -80,11 +95,6 @@ class Flavour:
                 f"{','.join(TESTED_LIGHTNING)}', or a lightning-dist-hooks release tested with {installed}.",
                 stacklevel=4,
             )
-        return True
-
-    def check_version(self) -> None:
-        """Warn once, naming the fix, when the installed package is outside ``TESTED_LIGHTNING``."""
-        assert self._version_checked
 
     def classes(self) -> ModuleType:
         """This package's classes for this flavour: its Trainer, LightningModule, Fabric, data connector."""

@@ -16,8 +16,7 @@ from torch.utils.data import DataLoader, Sampler
 from lightning_dist_hooks import _lightning_internals
 
 if TYPE_CHECKING:
-    from pytorch_lightning import Trainer
-    from pytorch_lightning.trainer.states import RunningStage
+    from lightning_dist_hooks._lightning_internals import RunningStage, Trainer
 
 
 def default_setup_distributed_backend(

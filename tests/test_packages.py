@@ -124,6 +124,7 @@ def test_mixing_the_packages_is_one_clear_error_naming_both(ours, theirs):
 
 def test_an_untested_lightning_release_warns_with_what_to_do(monkeypatch):
     monkeypatch.setattr(_lightning_internals, "version", lambda distribution: "2.7.1")
+    monkeypatch.setattr(_lightning_internals, "_VERSIONS_CHECKED", set())
     flavour = _lightning_internals.Flavour(**{field: getattr(_lightning_internals.LIGHTNING, field) for field in (
         "distribution", "pytorch", "fabric", "public_module", "import_hint")})
     with pytest.warns(UserWarning, match=r"tested with lightning>=2.6.6,<2.7, but 2.7.1 is installed.*"
