@@ -36,11 +36,14 @@ from lightning_dist_hooks import (
     mpi,
     register_cluster_environment,
 )
+from lightning_dist_hooks import _lightning_internals
+from lightning_dist_hooks._lightning_internals import PYTORCH_LIGHTNING
 from lightning_dist_hooks.environments import LAUNCHER_ENVIRONMENTS, detection_order
 from lightning_dist_hooks.init_methods import FileInitMethod
 from lightning_dist_hooks.launches import LAUNCH_TOKEN_VARIABLE
 from lightning_dist_hooks.launcher_variables import is_launcher_variable
-from lightning_dist_hooks.trainer import _with_detected_cluster_environment
+from lightning_dist_hooks.wiring import with_detected_cluster_environment
+from packages import both_packages
 
 FIT_FLAGS = ["--backend", "gloo", "--setup-hook", "record", "--sampler-hook", "super", "--epochs", "1"]
 
@@ -156,7 +159,16 @@ def test_main_port_derives_from_the_job_and_pals_address_from_the_nodefile(launc
     assert PALSEnvironment().main_address == "x1000c0s0b0n0"
 
 
-def test_slurm_requeue_gets_a_new_rendezvous_file(launcher_env, tmp_path):
+@both_packages
+def test_detection_finds_lightnings_own_environments_of_the_package_asked_for(launcher_env, package):
+    launcher_env(SRUN)
+    flavour = _lightning_internals.flavour_of(package.ours.Trainer)
+    assert detect_cluster_environment(flavour) is package.fabric.plugins.environments.SLURMEnvironment
+
+
+@both_packages
+def test_slurm_requeue_gets_a_new_rendezvous_file(launcher_env, tmp_path, package):
+    Trainer, SLURMEnvironment = package.ours.Trainer, package.fabric.plugins.environments.SLURMEnvironment
     launcher_env(SRUN)
     first = Trainer(accelerator="cpu", devices=2, strategy="ddp", torch_dist_init_method=f"file://{tmp_path}/",
                     plugins=[SLURMEnvironment()], logger=False, num_nodes=4).torch_dist_init_method
@@ -181,18 +193,21 @@ def test_processes_started_with_local_rank_by_hand_have_no_identity(launcher_env
         Trainer(accelerator="cpu", devices=2, strategy="ddp", torch_dist_init_method=f"file://{tmp_path}/", logger=False)
 
 
-def test_a_plugin_given_by_the_user_is_kept(launcher_env):
+@both_packages
+def test_a_plugin_given_by_the_user_is_kept(launcher_env, package):
+    LightningEnvironment = package.fabric.plugins.environments.LightningEnvironment
     launcher_env(OPENMPI)
-    trainer = Trainer(accelerator="cpu", devices=2, strategy="ddp", plugins=[LightningEnvironment()], logger=False)
+    trainer = package.ours.Trainer(accelerator="cpu", devices=2, strategy="ddp", plugins=[LightningEnvironment()],
+                                   logger=False)
     assert type(trainer.strategy.cluster_environment) is LightningEnvironment
 
 
 def test_nothing_is_added_where_lightning_would_choose_the_same_environment(launcher_env):
     launcher_env(SRUN)
     kwargs = {"plugins": None}
-    assert _with_detected_cluster_environment(kwargs) is kwargs  # Lightning makes its SLURMEnvironment itself
+    assert with_detected_cluster_environment(kwargs, PYTORCH_LIGHTNING) is kwargs  # Lightning makes its SLURMEnvironment itself
     launcher_env({**SBATCH_STEP, **OPENMPI})
-    (added,) = _with_detected_cluster_environment(kwargs)["plugins"]
+    (added,) = with_detected_cluster_environment(kwargs, PYTORCH_LIGHTNING)["plugins"]
     assert type(added) is OpenMPIEnvironment
 
 
