@@ -49,8 +49,9 @@ def apply_flags(
         )
         check_mpi_launch(config.backend, config.init_method, len(strategy.parallel_devices), strategy.num_nodes)
     elif not config.is_default or setup_distributed_backend is not None:
+        hook = ", setup_distributed_backend" if setup_distributed_backend is not None else ""
         flavour.rank_zero_warn(
-            f"torch_dist_backend={config.backend!r} and torch_dist_init_method={config.init_method!r} are "
+            f"torch_dist_backend={config.backend!r} and torch_dist_init_method={config.init_method!r}{hook} are "
             f"ignored: {type(strategy).__name__} creates no process group. Use a multi-process strategy, "
             f"e.g. {type(owner).__name__}(strategy='ddp', devices=2), for them to take effect."
         )
