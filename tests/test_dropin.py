@@ -39,6 +39,10 @@ def test_explicit_backend_and_file_rendezvous_train_the_same_weights(run_job, tm
     theirs = run_job("--trainer", "pl").assert_ok()
     ours = run_job("--backend", "gloo", "--init-method", f"file://{tmp_path}/rendezvous").assert_ok()
     assert ours.same_on_all_ranks("weights_sha256") == theirs.same_on_all_ranks("weights_sha256")
+    # What the user sees stays Lightning's: its bootstrap lines, through its own logger, on both ranks.
+    for line in ("Initializing distributed: GLOBAL_RANK: 0, MEMBER: 1/2", "Initializing distributed: GLOBAL_RANK: 1, MEMBER: 2/2",
+                 "All distributed processes registered. Starting with 2 processes"):
+        assert line in theirs.output and line in ours.output
 
 
 @both_packages
