@@ -7,16 +7,13 @@ checks that both ranks met through the per-launch ``file:///DIR/`` file and left
 
 from __future__ import annotations
 
-import shutil
 import sys
 from pathlib import Path
 
 import pytest
 
-from conftest import REPO, JobResult, job_environment, run_command
-from lightning_dist_hooks import mpi
+from helpers import REPO, JobResult, job_environment, needs_mpi, needs_openmpi, openmpi_run, run_command, slurm_environment
 from packages import BOTH, LIGHTNING, PYTORCH_LIGHTNING, both_packages
-from test_launchers import OPENMPI_RUN
 
 FABRIC_JOB = REPO / "tests" / "jobs" / "fabric_job.py"
 TIMEOUT = 150
@@ -39,13 +36,6 @@ def assert_two_rank_run(result: JobResult, package, environment: str, backend: s
         assert record["samples_on_all_ranks"] == 24
     assert len({record["setup_calls"][0]["init_method"] for record in result.ranks.values()}) == 1
     result.same_on_all_ranks("weights_sha256")
-
-
-@pytest.fixture
-def rendezvous_dir(tmp_path: Path) -> Path:
-    directory = tmp_path / "rendezvous"
-    directory.mkdir()
-    return directory
 
 
 def run(command: list[str], tmp_path: Path, env: dict | None = None) -> JobResult:
@@ -104,19 +94,18 @@ def test_torchrun(tmp_path, rendezvous_dir):
     assert list(rendezvous_dir.iterdir()) == []
 
 
-@pytest.mark.skipif(shutil.which("mpirun.openmpi") is None, reason="OpenMPI's mpirun is not installed (.ci/install)")
+@needs_openmpi
 def test_openmpi_mpirun(tmp_path, rendezvous_dir):
-    command = [*OPENMPI_RUN, *fabric_command(LIGHTNING, tmp_path / "out", "--backend", "gloo", "--setup-hook",
+    command = [*openmpi_run(), *fabric_command(LIGHTNING, tmp_path / "out", "--backend", "gloo", "--setup-hook",
                                              "--init-method", f"file://{rendezvous_dir}/")]
     assert_two_rank_run(run(command, tmp_path), LIGHTNING, "OpenMPIEnvironment", "gloo",
                         f"file://{rendezvous_dir}/ldh-rendezvous-PMIX_NAMESPACE-")
     assert list(rendezvous_dir.iterdir()) == []
 
 
-@pytest.mark.skipif(shutil.which("mpirun.openmpi") is None or not mpi.is_available(),
-                    reason="needs OpenMPI's mpirun and mpi4py (.ci/install)")
+@needs_mpi
 def test_openmpi_mpirun_with_the_mpi_transport(tmp_path):
-    command = [*OPENMPI_RUN, *fabric_command(PYTORCH_LIGHTNING, tmp_path / "out", "--backend", "mpi", "--setup-hook")]
+    command = [*openmpi_run(), *fabric_command(PYTORCH_LIGHTNING, tmp_path / "out", "--backend", "mpi", "--setup-hook")]
     result = run(command, tmp_path)
     assert_two_rank_run(result, PYTORCH_LIGHTNING, "OpenMPIEnvironment", "mpi4py", "mpi://")
     assert {record["process_group_backend"] for record in result.ranks.values()} == {"mpi4py"}
@@ -126,6 +115,6 @@ def test_srun(slurm_cluster, tmp_path, rendezvous_dir):
     command = ["srun", "-N1", "--ntasks-per-node=2", "-J", "ldhtest", "--kill-on-bad-exit=1",
                *fabric_command(LIGHTNING, tmp_path / "out", "--backend", "gloo", "--setup-hook",
                                "--init-method", f"file://{rendezvous_dir}/")]
-    assert_two_rank_run(run(command, tmp_path, env=job_environment(MASTER_ADDR="127.0.0.1")), LIGHTNING,
+    assert_two_rank_run(run(command, tmp_path, env=slurm_environment()), LIGHTNING,
                         "SLURMEnvironment", "gloo", f"file://{rendezvous_dir}/ldh-rendezvous-SLURM_JOB_ID-")
     assert list(rendezvous_dir.iterdir()) == []

@@ -11,7 +11,7 @@ import pytest
 import torch
 import yaml
 
-from conftest import REPO, job_environment, run_command
+from helpers import REPO, job_environment, run_command
 from packages import BOTH, both_packages
 
 CLI_JOB = REPO / "tests" / "jobs" / "cli_job.py"

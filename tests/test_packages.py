@@ -11,7 +11,7 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
-from conftest import REPO, job_environment
+from helpers import REPO, job_environment
 from lightning_dist_hooks import DistributedHooksTrainerMixin, MixedLightningPackagesError, OpenMPIEnvironment
 from lightning_dist_hooks import _lightning_internals
 from packages import LIGHTNING, PYTORCH_LIGHTNING, both_packages
