@@ -1,8 +1,10 @@
 """What the tests share, other than fixtures (those are in conftest.py): starting real jobs in a clean environment,
-reading what each rank recorded, the launcher commands, and skip markers for what this machine lacks."""
+reading what each rank recorded, the launcher commands, skip markers for what this machine lacks, and the two
+Lightning packages for tests that run with each."""
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import shutil
@@ -11,6 +13,7 @@ import subprocess
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import ModuleType
 from typing import Optional
 
 import pytest
@@ -140,3 +143,35 @@ def openmpi_run(ranks: int = 2) -> list[str]:
     root = ["--allow-run-as-root"] if os.geteuid() == 0 else []
     return [OPENMPI_MPIRUN, "-n", str(ranks), *root, "--oversubscribe", "--mca", "oob_tcp_if_include", "lo",
             "--mca", "btl", "self,vader", "-x", "GLOO_SOCKET_IFNAME=lo", "-x", "PYTHONPATH"]
+
+
+# The two Lightning packages, for tests that run once with each (those that touch Lightning's objects).
+@dataclass(frozen=True)
+class Package:
+    """One Lightning package and this project's module for it."""
+
+    name: str  # the --package value of tests/jobs/*.py
+    pytorch_module: str
+    fabric_module: str
+    ours_module: str
+
+    @property
+    def pl(self) -> ModuleType:
+        """``pytorch_lightning`` or ``lightning.pytorch``."""
+        return importlib.import_module(self.pytorch_module)
+
+    @property
+    def fabric(self) -> ModuleType:
+        return importlib.import_module(self.fabric_module)
+
+    @property
+    def ours(self) -> ModuleType:
+        """``lightning_dist_hooks`` or ``lightning_dist_hooks.lightning``."""
+        return importlib.import_module(self.ours_module)
+
+
+PYTORCH_LIGHTNING = Package("pytorch_lightning", "pytorch_lightning", "lightning_fabric", "lightning_dist_hooks")
+LIGHTNING = Package("lightning", "lightning.pytorch", "lightning.fabric", "lightning_dist_hooks.lightning")
+BOTH = (PYTORCH_LIGHTNING, LIGHTNING)
+
+both_packages = pytest.mark.parametrize("package", BOTH, ids=[package.name for package in BOTH])

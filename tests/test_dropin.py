@@ -10,7 +10,7 @@ import pytest
 from lightning_dist_hooks import DistributedHooksTrainerMixin
 from lightning_dist_hooks.config import ProcessGroupConfig
 from lightning_dist_hooks.strategy import attach_process_group_config
-from packages import both_packages
+from helpers import both_packages
 
 
 @pytest.mark.parametrize(

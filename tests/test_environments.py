@@ -20,7 +20,7 @@ from lightning_fabric.plugins.environments import (
 )
 
 import lightning_dist_hooks
-from helpers import Rank, job_environment, run_ranks
+from helpers import both_packages, job_environment, Rank, run_ranks
 from lightning_dist_hooks import (
     FluxEnvironment,
     HydraEnvironment,
@@ -43,7 +43,6 @@ from lightning_dist_hooks.init_methods import FileInitMethod
 from lightning_dist_hooks.launches import LAUNCH_TOKEN_VARIABLE
 from lightning_dist_hooks.launcher_variables import is_launcher_variable
 from lightning_dist_hooks.wiring import with_detected_cluster_environment
-from packages import both_packages
 
 FIT_FLAGS = ["--backend", "gloo", "--setup-hook", "record", "--sampler-hook", "super", "--epochs", "1"]
 

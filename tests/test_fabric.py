@@ -12,8 +12,20 @@ from pathlib import Path
 
 import pytest
 
-from helpers import REPO, JobResult, job_environment, needs_mpi, needs_openmpi, openmpi_run, run_command, slurm_environment
-from packages import BOTH, LIGHTNING, PYTORCH_LIGHTNING, both_packages
+from helpers import (
+    BOTH,
+    LIGHTNING,
+    PYTORCH_LIGHTNING,
+    REPO,
+    both_packages,
+    job_environment,
+    JobResult,
+    needs_mpi,
+    needs_openmpi,
+    openmpi_run,
+    run_command,
+    slurm_environment,
+)
 
 FABRIC_JOB = REPO / "tests" / "jobs" / "fabric_job.py"
 TIMEOUT = 150

@@ -11,8 +11,7 @@ import pytest
 import torch
 import yaml
 
-from helpers import REPO, job_environment, run_command
-from packages import BOTH, both_packages
+from helpers import BOTH, REPO, both_packages, job_environment, run_command
 
 CLI_JOB = REPO / "tests" / "jobs" / "cli_job.py"
 

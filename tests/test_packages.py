@@ -11,10 +11,9 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
-from helpers import REPO, job_environment
+from helpers import LIGHTNING, PYTORCH_LIGHTNING, REPO, both_packages, job_environment
 from lightning_dist_hooks import DistributedHooksTrainerMixin, MixedLightningPackagesError, OpenMPIEnvironment
 from lightning_dist_hooks import _lightning_internals
-from packages import LIGHTNING, PYTORCH_LIGHTNING, both_packages
 
 OPENMPI_RANK_1_OF_2 = {"OMPI_COMM_WORLD_RANK": "1", "OMPI_COMM_WORLD_SIZE": "2", "OMPI_COMM_WORLD_LOCAL_RANK": "1",
                        "OMPI_COMM_WORLD_LOCAL_SIZE": "2", "PMIX_NAMESPACE": "prterun-test-1@1"}

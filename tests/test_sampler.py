@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from packages import both_packages
+from helpers import both_packages
 
 DATASET = list(range(24))
 

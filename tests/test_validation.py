@@ -15,7 +15,7 @@ import pytest
 import torch.distributed as dist
 
 from lightning_dist_hooks.backends import check_backend_fits_devices
-from packages import PYTORCH_LIGHTNING, both_packages
+from helpers import PYTORCH_LIGHTNING, both_packages
 
 
 def make_trainer(package=PYTORCH_LIGHTNING, **kwargs):
