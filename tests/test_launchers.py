@@ -50,10 +50,13 @@ def fit_command(out_dir: Path, init_method: str) -> list[str]:
     return [sys.executable, str(FIT_JOB), "--out", str(out_dir), "--init-method", init_method, *FIT_FLAGS]
 
 
-@pytest.mark.parametrize("strategy", ["ddp", "ddp_spawn"])
-def test_lightning_launcher_with_a_per_launch_file(tmp_path, rendezvous_dir, strategy):
+@pytest.mark.parametrize(("strategy", "package"),
+                         [("ddp", "pytorch_lightning"), ("ddp_spawn", "pytorch_lightning"), ("ddp_spawn", "lightning")],
+                         ids=["ddp", "ddp_spawn", "ddp_spawn-lightning"])
+def test_lightning_launcher_with_a_per_launch_file(tmp_path, rendezvous_dir, strategy, package):
+    # ddp_spawn pickles the trainer, its strategy and data connector to the children: with both packages.
     init_method = f"file://{rendezvous_dir}/"
-    command = [*fit_command(tmp_path / "out", init_method), "--strategy", strategy]
+    command = [*fit_command(tmp_path / "out", init_method), "--strategy", strategy, "--package", package]
     result = run_command(["timeout", str(LAUNCH_TIMEOUT), *command], cwd=tmp_path, out_dir=tmp_path / "out",
                          timeout=LAUNCH_TIMEOUT + 30)
     assert_two_rank_fit(result, "LightningEnvironment", init_method, rendezvous_dir)
