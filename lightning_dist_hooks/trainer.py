@@ -123,19 +123,28 @@ def _init_with_full_signature(cls: type) -> Callable[..., None]:
     ``**kwargs`` through the mixin. Lightning's ``PL_<CLASS>_*`` defaults wrap this ``__init__`` as they wrap
     Lightning's, for all parameters ours included; the parent's own wrapper is then skipped, since it would add
     our parameters, read again from the environment, to a call that does not take them.
+
+    Where a Trainer subclass of the user's sits between the mixin and Lightning's Trainer, its ``__init__`` calls
+    Lightning's wrapper itself, which cannot be skipped: the class then keeps its parent's signature (our flags
+    stay keyword arguments), so that no ``PL_<CLASS>_TORCH_DIST_*`` reaches a Lightning ``__init__``.
     """
     flavour = trainer_flavour(cls)
     parent_init = super(DistributedHooksTrainerMixin, cls).__init__  # type: ignore[misc]
+    parent_is_lightnings = parent_init is flavour.Trainer.__init__
 
     def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
         backend, init_method = kwargs.pop("torch_dist_backend", None), kwargs.pop("torch_dist_init_method", None)
         lightning_init = flavour.without_env_defaults(super(DistributedHooksTrainerMixin, type(self)).__init__)
         _initialize(self, lightning_init.__get__(self), args, kwargs, backend, init_method)
 
-    __init__.__signature__ = _full_signature(parent_init)  # type: ignore[attr-defined]
-    __init__.__doc__ = _full_docstring(parent_init.__doc__ or "")
     __init__.__qualname__ = f"{cls.__qualname__}.__init__"
     __init__.__module__ = cls.__module__
+    if not parent_is_lightnings:
+        __init__.__signature__ = inspect.signature(parent_init)  # type: ignore[attr-defined]
+        __init__.__doc__ = parent_init.__doc__
+        return __init__
+    __init__.__signature__ = _full_signature(parent_init)  # type: ignore[attr-defined]
+    __init__.__doc__ = _full_docstring(parent_init.__doc__ or "")
     return flavour.with_env_defaults(__init__)
 
 
