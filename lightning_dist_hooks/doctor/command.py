@@ -28,11 +28,11 @@ from urllib.parse import urlsplit
 
 import torch
 import torch.distributed as dist
-from lightning_fabric.plugins.environments import TorchElasticEnvironment
-from pytorch_lightning.strategies import DDPStrategy
 from torch.utils.data import DataLoader
 
 from lightning_dist_hooks import mpi, progress
+from lightning_dist_hooks._lightning_internals import PYTORCH_LIGHTNING
+from lightning_dist_hooks._pytorch_lightning import LightningModule, Trainer
 from lightning_dist_hooks.backends import available_backends
 from lightning_dist_hooks.doctor import checks, report
 from lightning_dist_hooks.doctor.checks import FAIL, Verdict
@@ -44,13 +44,15 @@ from lightning_dist_hooks.doctor.facts import (
 )
 from lightning_dist_hooks.doctor.measure import measure_allreduce
 from lightning_dist_hooks.doctor.sockets import listening_sockets
-from lightning_dist_hooks.hooks import LightningModule
-from lightning_dist_hooks.trainer import Trainer
 
 # The live line: sooner and more often than a training job's reports, the doctor's timeout being short.
 LIVE_LINE_SCHEDULE = progress.ReportSchedule(first=(5.0,), every=5.0)
 # After --timeout plus this, a rank that is still waiting reports what it found and exits 1.
 DEADLINE_GRACE_S = 20.0
+
+# The doctor builds pytorch_lightning's Trainer (through the seam, as everything here).
+DDPStrategy = PYTORCH_LIGHTNING.pytorch_name(".strategies", "DDPStrategy")
+TorchElasticEnvironment = PYTORCH_LIGHTNING.lightning_environment("TorchElasticEnvironment")
 
 
 def parse_arguments(argv: Optional[list[str]]) -> argparse.Namespace:

@@ -11,15 +11,19 @@ import struct
 from dataclasses import dataclass
 from typing import Optional
 
-from lightning_fabric.plugins.environments import (
-    ClusterEnvironment,
-    LightningEnvironment,
-    LSFEnvironment,
-    SLURMEnvironment,
-    TorchElasticEnvironment,
-)
+from typing import TYPE_CHECKING
 
+from lightning_dist_hooks._lightning_internals import PYTORCH_LIGHTNING
 from lightning_dist_hooks.environments import LauncherEnvironment, detect_cluster_environment
+
+if TYPE_CHECKING:
+    from lightning_dist_hooks._lightning_internals import ClusterEnvironment
+
+# The doctor builds pytorch_lightning's Trainer, so it reads pytorch_lightning's environments.
+LightningEnvironment, LSFEnvironment, SLURMEnvironment, TorchElasticEnvironment = (
+    PYTORCH_LIGHTNING.lightning_environment(name)
+    for name in ("LightningEnvironment", "LSFEnvironment", "SLURMEnvironment", "TorchElasticEnvironment")
+)
 
 # The variables each of Lightning's own environments reads to detect itself (``detect()`` in lightning_fabric).
 _LIGHTNING_DETECT_VARIABLES: dict[type, tuple[str, ...]] = {
