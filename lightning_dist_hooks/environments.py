@@ -116,9 +116,6 @@ class LauncherEnvironment(ABC):
     def _all_ranks_on_this_node(self) -> bool:
         return self._ranks_per_node() >= self.world_size()
 
-    def validate_settings(self, num_devices: int, num_nodes: int) -> None:
-        """Nothing to check: the launcher's variables are the settings (Lightning's ``ClusterEnvironment`` API)."""
-
     def teardown(self) -> None:
         """Nothing to undo: reading variables changes nothing (Lightning's ``ClusterEnvironment`` API)."""
 
