@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 import sys
 
@@ -41,7 +42,7 @@ def test_lightning_package_example_trains_with_the_unified_package(tmp_path):
     rendezvous_dir = tmp_path / "shared"
     rendezvous_dir.mkdir()
     result = run_example("lightning_package.py", tmp_path, "--rendezvous-dir", str(rendezvous_dir)).assert_ok()
-    assert re.search(rf"package=lightning ranks=2 backend=gloo init_method=file://{rendezvous_dir}/ldh-rendezvous-"
+    assert re.search(rf"package=lightning ranks=2 backend=gloo init_method=file://{rendezvous_dir}/ldh-uid-{os.geteuid()}/ldh-rendezvous-"
                      r"\S+ weights_equal_on_all_ranks=True", result.output), result.output[-3000:]
     assert list(rendezvous_dir.iterdir()) == []
 
@@ -51,7 +52,7 @@ def test_fabric_example_uses_its_hook_its_sampler_and_a_per_launch_file(tmp_path
     rendezvous_dir.mkdir()
     result = run_example("fabric_custom_sampler.py", tmp_path, "--rendezvous-dir", str(rendezvous_dir)).assert_ok()
     for rank in (0, 1):
-        assert re.search(rf"rank {rank}: init_process_group\('gloo', 'file://{rendezvous_dir}/ldh-rendezvous-\S+', "
+        assert re.search(rf"rank {rank}: init_process_group\('gloo', 'file://{rendezvous_dir}/ldh-uid-{os.geteuid()}/ldh-rendezvous-\S+', "
                          r"world_size=2\)", result.output), result.output[-3000:]
     # 256 samples per epoch in all: each rank read its own half, through the sampler the example built.
     assert re.search(r"fabric ranks=2 backend=gloo .* samples_per_epoch=256 weights_equal_on_all_ranks=True",
@@ -66,5 +67,5 @@ def test_lightning_cli_example_takes_our_flags_as_trainer_options(tmp_path):
                          "--trainer.strategy=ddp", "--trainer.max_epochs=2", "--trainer.logger=false",
                          "--trainer.torch_dist_backend=gloo",
                          f"--trainer.torch_dist_init_method=file://{rendezvous_dir}/").assert_ok()
-    assert re.search(rf"cli ranks=2 backend=gloo init_method=file://{rendezvous_dir}/ldh-rendezvous-", result.output)
+    assert re.search(rf"cli ranks=2 backend=gloo init_method=file://{rendezvous_dir}/ldh-uid-{os.geteuid()}/ldh-rendezvous-", result.output)
     assert list(rendezvous_dir.iterdir()) == []

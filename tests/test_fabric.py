@@ -7,6 +7,7 @@ checks that both ranks met through the per-launch ``file:///DIR/`` file and left
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -82,7 +83,7 @@ def test_lightnings_launcher_with_a_per_launch_file(package, tmp_path, rendezvou
                              "--init-method", f"file://{rendezvous_dir}/")
     result = run(command, tmp_path)
     assert_two_rank_run(result, package, "LightningEnvironment", "gloo",
-                        f"file://{rendezvous_dir}/ldh-rendezvous-LIGHTNING_DIST_HOOKS_LAUNCH_TOKEN-")
+                        f"file://{rendezvous_dir}/ldh-uid-{os.geteuid()}/ldh-rendezvous-LIGHTNING_DIST_HOOKS_LAUNCH_TOKEN-")
     assert list(rendezvous_dir.iterdir()) == []
     # Lightning's own bootstrap line, as a user without our flags sees it.
     assert "Initializing distributed: GLOBAL_RANK: 0, MEMBER: 1/2" in result.output
@@ -93,7 +94,7 @@ def test_ddp_spawn_pickles_the_setup_hook_to_the_children(tmp_path, rendezvous_d
     command = fabric_command(LIGHTNING, tmp_path / "out", "--strategy", "ddp_spawn", "--backend", "gloo",
                              "--setup-hook", "--init-method", f"file://{rendezvous_dir}/")
     assert_two_rank_run(run(command, tmp_path), LIGHTNING, "LightningEnvironment", "gloo",
-                        f"file://{rendezvous_dir}/ldh-rendezvous-LIGHTNING_DIST_HOOKS_LAUNCH_TOKEN-")
+                        f"file://{rendezvous_dir}/ldh-uid-{os.geteuid()}/ldh-rendezvous-LIGHTNING_DIST_HOOKS_LAUNCH_TOKEN-")
     assert list(rendezvous_dir.iterdir()) == []
 
 
@@ -102,7 +103,7 @@ def test_torchrun(tmp_path, rendezvous_dir):
                *fabric_command(PYTORCH_LIGHTNING, tmp_path / "out", "--backend", "gloo", "--setup-hook",
                                "--init-method", f"file://{rendezvous_dir}/")[1:]]
     assert_two_rank_run(run(command, tmp_path), PYTORCH_LIGHTNING, "TorchElasticEnvironment", "gloo",
-                        f"file://{rendezvous_dir}/ldh-rendezvous-TORCHELASTIC_RUN_ID-")
+                        f"file://{rendezvous_dir}/ldh-uid-{os.geteuid()}/ldh-rendezvous-TORCHELASTIC_RUN_ID-")
     assert list(rendezvous_dir.iterdir()) == []
 
 
@@ -111,7 +112,7 @@ def test_openmpi_mpirun(tmp_path, rendezvous_dir):
     command = [*openmpi_run(), *fabric_command(LIGHTNING, tmp_path / "out", "--backend", "gloo", "--setup-hook",
                                              "--init-method", f"file://{rendezvous_dir}/")]
     assert_two_rank_run(run(command, tmp_path), LIGHTNING, "OpenMPIEnvironment", "gloo",
-                        f"file://{rendezvous_dir}/ldh-rendezvous-PMIX_NAMESPACE-")
+                        f"file://{rendezvous_dir}/ldh-uid-{os.geteuid()}/ldh-rendezvous-PMIX_NAMESPACE-")
     assert list(rendezvous_dir.iterdir()) == []
 
 
@@ -128,5 +129,5 @@ def test_srun(slurm_cluster, tmp_path, rendezvous_dir):
                *fabric_command(LIGHTNING, tmp_path / "out", "--backend", "gloo", "--setup-hook",
                                "--init-method", f"file://{rendezvous_dir}/")]
     assert_two_rank_run(run(command, tmp_path, env=slurm_environment()), LIGHTNING,
-                        "SLURMEnvironment", "gloo", f"file://{rendezvous_dir}/ldh-rendezvous-SLURM_JOB_ID-")
+                        "SLURMEnvironment", "gloo", f"file://{rendezvous_dir}/ldh-uid-{os.geteuid()}/ldh-rendezvous-SLURM_JOB_ID-")
     assert list(rendezvous_dir.iterdir()) == []

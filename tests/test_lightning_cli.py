@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import os
 import sys
 
 import pytest
@@ -95,7 +96,7 @@ def test_two_rank_fit_started_by_the_cli_uses_our_flags(package, source, tmp_pat
         assert record["trainer"] == f"{package.ours.Trainer.__module__}.Trainer"
         (call,) = record["setup_calls"]
         assert (call["backend"], call["rank"], call["world_size"]) == ("gloo", rank, 2)
-        assert call["init_method"].startswith(f"file://{rendezvous_dir}/ldh-rendezvous-")
+        assert call["init_method"].startswith(f"file://{rendezvous_dir}/ldh-uid-{os.geteuid()}/ldh-rendezvous-")
         assert record["process_group_backend"] == "gloo"
     assert len({record["setup_calls"][0]["init_method"] for record in result.ranks.values()}) == 1
     result.same_on_all_ranks("weights_sha256")
