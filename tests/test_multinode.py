@@ -10,6 +10,7 @@ they run where a launcher could still break them: Lightning's launcher (a proces
 and torchrun (whose agent store hijacks ``tcp://``) for ``tcp://``, Lightning's launcher for
 ``file:///DIR/name``. ``mpi://`` runs under mpirun with the MPI transport over the ``tcp`` BTL.
 Every job runs 2 ranks per node (4 in all), so node rank and local rank both vary.
+The doctor (issue 14) runs here too: healthy across both nodes, and with the faults only several nodes can have.
 """
 
 from __future__ import annotations
@@ -345,3 +346,112 @@ def test_a_node_whose_network_goes_down_mid_fit_ends_every_rank(cluster, tmp_pat
     for rank in (0, 1):
         assert f"rank {rank} of 4 lost contact with ranks [2, 3]" in node0, node0[-6000:]
     assert "lost contact with rank 0: the rendezvous store rank 0 holds did not answer" in node1, node1[-6000:]
+
+
+# ---------------------------------------------------------------- the doctor across nodes (issue 14)
+
+DOCTOR = [sys.executable, "-m", "lightning_dist_hooks", "doctor"]
+DOCTOR_TIMEOUT_S = 60  # a healthy rendezvous: 4 ranks importing torch and Lightning on a loaded 2-core machine
+TABLE_ROW = re.compile(r"^(\d+)\s+(\d+)\s+(\d+)\s+(\S+)\s+(\S+)\s+\d+\s", re.MULTILINE)
+
+
+def doctor_per_node(tmp_path: Path, flags: list[str],
+                    mount_namespace_on_node_1: str = "") -> tuple[dict[str, int], dict[str, str]]:
+    """The doctor started like ``lightning_per_node``'s job: Lightning's launcher once per node, with NODE_RANK
+    and node 0's MASTER_ADDR/MASTER_PORT. ``mount_namespace_on_node_1``: a shell command run first, in a mount
+    namespace of node 1's own. Returns each node's exit code (None: killed at the time limit) and output."""
+    port = str(next(_ports))
+    commands = {}
+    for node in NODES:
+        command = ["env", f"NODE_RANK={node.index}", f"MASTER_ADDR={MAIN.address}", f"MASTER_PORT={port}", *DOCTOR,
+                   "--devices", str(DEVICES), "--num-nodes", str(len(NODES)), *flags]
+        if node.index == 1 and mount_namespace_on_node_1:
+            command = ["unshare", "-m", "--propagation", "private", "sh", "-c",
+                       f'{mount_namespace_on_node_1} && exec "$@"', "sh", *command]
+        commands[node.name] = node.command(command)
+    processes = start_on_nodes(commands, cwd=tmp_path, env=environment())
+    codes = processes.wait(DOCTOR_TIMEOUT_S + MARGIN_S)
+    return codes, {name: log.read_text() for name, log in processes.logs.items()}
+
+
+def wait_until_empty(directory: Path, within_s: float = 10) -> list[Path]:
+    """What is left in ``directory`` once it is empty or ``within_s`` has passed (a janitor's removal may land
+    just after the launcher exits)."""
+    deadline = time.monotonic() + within_s
+    while (left := sorted(directory.iterdir())) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return left
+
+
+def test_doctor_on_two_nodes_is_healthy(cluster, tmp_path, rendezvous_dir):
+    codes, outputs = doctor_per_node(tmp_path, ["--init-method", f"file://{rendezvous_dir}/doctor42",
+                                                "--timeout", str(DOCTOR_TIMEOUT_S)])
+    report = outputs[MAIN.name]
+    assert codes == {node.name: 0 for node in NODES}, f"{codes}\n{report[-6000:]}\n{outputs[NODES[1].name][-3000:]}"
+    private = rendezvous_dir / f"ldh-uid-{os.geteuid()}"
+    assert (f"lightning-dist-hooks doctor: {WORLD_SIZE} ranks, backend gloo, init method file://{private}/doctor42"
+            in report), report[-6000:]
+    rows = [(int(rank), int(node_rank), int(local_rank), host, addresses)
+            for rank, node_rank, local_rank, host, addresses in TABLE_ROW.findall(report)]
+    # Ranks in block order, 2 per node, each on its own node's host, whose name resolves to its eth0 address.
+    assert rows == [(rank, rank // DEVICES, rank % DEVICES, NODES[rank // DEVICES].name,
+                     NODES[rank // DEVICES].address) for rank in range(WORLD_SIZE)], report[-6000:]
+    assert "environment: LightningEnvironment (" in report
+    assert "GLOO_SOCKET_IFNAME=eth0" in report
+    for line in ("ok    all-reduce: the all-reduce sums correctly on every rank",
+                 f"ok    tasks-per-node: {DEVICES} ranks on each host, as devices",
+                 f"ok    nodes: {len(NODES)} host(s), as num_nodes",
+                 "ok    host-name: host names resolve to addresses the ranks can use",
+                 f"ok    shared-directory: every rank sees the same {private}"):
+        assert line in report, report[-6000:]
+    assert "\nevery check passed\n" in report, report[-6000:]  # (the logs hold the ranks' stderr too)
+    assert "verdicts:" not in outputs[NODES[1].name], "only rank 0 prints the report"
+    assert wait_until_empty(rendezvous_dir) == [], "the doctor leaves no file behind"
+
+
+def test_doctor_on_two_nodes_finds_a_rendezvous_directory_of_each_node_its_own(cluster, tmp_path, rendezvous_dir):
+    # Node 1 sees its own (empty) tmpfs at the rendezvous directory's path, as a node-local /tmp would be: each
+    # node's ranks meet only each other's tokens and files, and every rank gives up at the timeout.
+    started = time.monotonic()
+    codes, outputs = doctor_per_node(tmp_path, ["--init-method", f"file://{rendezvous_dir}/doctor42",
+                                                "--timeout", str(FAULT_TIMEOUT_S)],
+                                     mount_namespace_on_node_1=f'mount -t tmpfs doctor-test "{rendezvous_dir}"')
+    elapsed = time.monotonic() - started
+    node0, node1 = (outputs[node.name] for node in NODES)
+    assert all(code not in (0, None) for code in codes.values()), f"{codes}\n{node0[-6000:]}\n{node1[-3000:]}"
+    assert elapsed < FAULT_TIMEOUT_S + MARGIN_S
+    private = rendezvous_dir / f"ldh-uid-{os.geteuid()}"
+    assert (f"FAIL  shared-directory: {private} holds the doctor's tokens of ranks [0, 1] only: ranks [2, 3] never "
+            "started, gave up already, or wrote theirs to a different directory of that name on their node"
+            in node0), node0[-6000:]
+    assert "is not the same directory on every node (a node-local /tmp?)" in node0
+    assert f"FAIL  shared-directory: {private} holds the doctor's tokens of ranks [2, 3] only" in node1, node1[-6000:]
+    assert "ranks that never arrived: [2, 3]" in node0, node0[-6000:]
+    assert wait_until_empty(rendezvous_dir) == [], "node 0's ranks remove their files and tokens"
+
+
+def test_doctor_under_torchrun_on_two_nodes_finds_a_node_count_other_than_num_nodes(cluster, tmp_path,
+                                                                                     rendezvous_dir):
+    # torchrun --nnodes 2 for a job that asks for num_nodes=1: the doctor still meets all 4 ranks and says so.
+    rendezvous_endpoint = f"{MAIN.address}:{next(_ports)}"
+    commands = {node.name: node.command([
+        sys.executable, "-m", "torch.distributed.run", "--nnodes", str(len(NODES)), "--node-rank", str(node.index),
+        "--nproc-per-node", str(DEVICES), "--rdzv-backend", "c10d", "--rdzv-endpoint", rendezvous_endpoint,
+        "--rdzv-id", "doctor-nodes", "--no-python", *DOCTOR, "--devices", str(DEVICES), "--num-nodes", "1",
+        "--init-method", f"file://{rendezvous_dir}/", "--timeout", str(DOCTOR_TIMEOUT_S), "--json"])
+        for node in NODES}
+    processes = start_on_nodes(commands, cwd=tmp_path, env=environment())
+    codes = processes.wait(DOCTOR_TIMEOUT_S + MARGIN_S)
+    report = processes.logs[MAIN.name].read_text()
+    assert all(code not in (0, None) for code in codes.values()), f"{codes}\n{report[-6000:]}"
+    document = json.loads(next(line for line in reversed(report.splitlines()) if line.startswith('{"ok"')))
+    assert document["ok"] is False
+    assert [(rank["rank"], rank["node_rank"], rank["host"]) for rank in document["ranks"]] == [
+        (rank, rank // DEVICES, NODES[rank // DEVICES].name) for rank in range(WORLD_SIZE)]
+    verdicts = {verdict["check"]: verdict for verdict in reversed(document["verdicts"])}
+    assert verdicts["nodes"]["status"] == "fail"
+    assert verdicts["nodes"]["message"] == (f"the launcher started processes on 2 node(s) (LOCAL_WORLD_SIZE=2, "
+                                            f"WORLD_SIZE=4), but the job asks for num_nodes=1")
+    assert verdicts["nodes"]["fix"].startswith("ask the launcher for 1 nodes (srun -N 1, torchrun --nnodes 1)")
+    assert verdicts["all-reduce"]["status"] == "ok"
+    assert wait_until_empty(rendezvous_dir) == [], "the doctor leaves no file behind"
