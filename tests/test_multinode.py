@@ -452,6 +452,6 @@ def test_doctor_under_torchrun_on_two_nodes_finds_a_node_count_other_than_num_no
     assert verdicts["nodes"]["status"] == "fail"
     assert verdicts["nodes"]["message"] == (f"the launcher started processes on 2 node(s) (LOCAL_WORLD_SIZE=2, "
                                             f"WORLD_SIZE=4), but the job asks for num_nodes=1")
-    assert verdicts["nodes"]["fix"].startswith("ask the launcher for 1 nodes (srun -N 1, torchrun --nnodes 1)")
+    assert verdicts["nodes"]["fix"].startswith("ask the launcher for 1 node(s) (srun -N 1, torchrun --nnodes 1)")
     assert verdicts["all-reduce"]["status"] == "ok"
     assert wait_until_empty(rendezvous_dir) == [], "the doctor leaves no file behind"

@@ -77,7 +77,7 @@ def check_launcher_layout(layout: LauncherLayout, devices: int, num_nodes: int) 
             "nodes", FAIL,
             f"the launcher started processes on {layout.nodes} node(s) ({layout.source}), but the job asks for "
             f"num_nodes={num_nodes}",
-            f"ask the launcher for {num_nodes} nodes (srun -N {num_nodes}, torchrun --nnodes {num_nodes}), or pass "
+            f"ask the launcher for {num_nodes} node(s) (srun -N {num_nodes}, torchrun --nnodes {num_nodes}), or pass "
             f"num_nodes={layout.nodes}"))
     else:
         verdicts.append(Verdict("nodes", OK, f"{num_nodes} node(s), as num_nodes"))
@@ -243,7 +243,7 @@ def check_hosts(ranks: list[dict[str, Any]], devices: int, num_nodes: int) -> li
         verdicts.append(Verdict("tasks-per-node", OK, f"{devices} ranks on each host, as devices"))
     if len(per_host) != num_nodes:
         verdicts.append(Verdict("nodes", FAIL, f"the ranks run on {len(per_host)} host(s) ({described}), but "
-                                f"num_nodes={num_nodes}", f"start the job on {num_nodes} nodes, or pass "
+                                f"num_nodes={num_nodes}", f"start the job on {num_nodes} node(s), or pass "
                                 f"num_nodes={len(per_host)}"))
     else:
         verdicts.append(Verdict("nodes", OK, f"{num_nodes} host(s), as num_nodes"))
