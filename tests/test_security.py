@@ -27,7 +27,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import FIT_JOB, Rank, job_environment
+from helpers import FIT_JOB, REPO, Rank, job_environment
 from lightning_dist_hooks.init_methods import FileInitMethod, rendezvous_file_for_job
 
 VICTIM, ATTACKER, PROJECT_GROUP = "ldh-victim", "ldh-attacker", "ldh-project"
@@ -57,18 +57,27 @@ def _unreadable_ancestor(path: Path) -> tuple[Path, str] | None:
     return None
 
 
-# Run as USER. Where the interpreter lives under a directory others cannot enter (pyenv in /root), a private
-# mount namespace shows only the interpreter's tree there (a tmpfs over the directory, the tree bound back in),
-# without changing the machine's permissions.
+# Run as USER. Where the interpreter or the checkout lives under a directory others cannot enter (pyenv in /root,
+# a CI clone under a private directory), a private mount namespace shows only those trees there (a tmpfs over the
+# directory, the trees bound back in), without changing the machine's permissions. Arguments after the user and
+# the staging directory: the number of (directory, name) pairs, the pairs, then the command.
 _AS_USER = textwrap.dedent("""\
     set -e
-    user=$1 blocked=$2 child=$3 stage=$4; shift 4
-    if [ -n "$blocked" ]; then
-        mount --bind "$blocked/$child" "$stage"
-        mount -t tmpfs -o mode=0755 tmpfs "$blocked"
-        mkdir "$blocked/$child"
-        mount --bind "$stage" "$blocked/$child"
-    fi
+    user=$1 stage=$2 pairs=$3; shift 3
+    i=0; hidden=" "
+    while [ $i -lt $pairs ]; do
+        eval "blocked_$i=\\$1 child_$i=\\$2"; shift 2
+        eval "mkdir -p $stage/$i && mount --bind \\"\\$blocked_$i/\\$child_$i\\" $stage/$i"
+        i=$((i + 1))
+    done
+    i=0
+    while [ $i -lt $pairs ]; do
+        eval "blocked=\\$blocked_$i child=\\$child_$i"
+        case "$hidden" in *" $blocked "*) ;; *) mount -t tmpfs -o mode=0755 tmpfs "$blocked"; hidden="$hidden$blocked " ;; esac
+        mkdir -p "$blocked/$child"
+        mount --bind "$stage/$i" "$blocked/$child"
+        i=$((i + 1))
+    done
     exec setpriv --reuid="$user" --regid="$user" --init-groups -- "$@"
 """)
 
@@ -76,15 +85,16 @@ _AS_USER = textwrap.dedent("""\
 class Users:
     def __init__(self, stage: Path) -> None:
         self.stage = stage
-        self.blocked = _unreadable_ancestor(Path(sys.prefix).resolve())
+        ancestors = (_unreadable_ancestor(Path(sys.prefix).resolve()), _unreadable_ancestor(REPO))
+        self.blocked = sorted({pair for pair in ancestors if pair is not None})
         self.uid = {name: pwd.getpwnam(name).pw_uid for name in (VICTIM, ATTACKER)}
         self.gid = {name: pwd.getpwnam(name).pw_gid for name in (VICTIM, ATTACKER)}
         self.project_gid = grp.getgrnam(PROJECT_GROUP).gr_gid
 
     def command(self, user: str, command: list[str]) -> list[str]:
-        blocked, child = (str(self.blocked[0]), self.blocked[1]) if self.blocked else ("", "")
-        return ["unshare", "--mount", "--propagation", "private", "sh", "-c", _AS_USER, "sh", user, blocked, child,
-                str(self.stage), *command]
+        pairs = [str(part) for pair in self.blocked for part in pair]
+        return ["unshare", "--mount", "--propagation", "private", "sh", "-c", _AS_USER, "sh", user, str(self.stage),
+                str(len(self.blocked)), *pairs, *command]
 
     def popen(self, user: str, command: list[str], cwd: Path, log: Path, env: dict[str, str]) -> subprocess.Popen:
         with open(log, "w") as output:
@@ -104,11 +114,17 @@ def users():
     for name in (VICTIM, ATTACKER):
         subprocess.run(["usermod", "-aG", PROJECT_GROUP, name], check=True)
     stage = Path(tempfile.mkdtemp(prefix="ldh-security-stage-"))
-    users = Users(stage)
-    probe = users.python(VICTIM, "import torch, pytorch_lightning, lightning_dist_hooks", Path("/"))
-    assert probe.returncode == 0, f"{VICTIM} cannot run this interpreter and checkout:\n{probe.stderr[-3000:]}"
-    yield users
-    stage.rmdir()
+    # A clone made in a private directory (mktemp -d, as CI may) is opened to others for the run, then closed again.
+    checkout_mode = stat.S_IMODE(REPO.stat().st_mode)
+    REPO.chmod(checkout_mode | 0o055)
+    try:
+        users = Users(stage)
+        probe = users.python(VICTIM, "import torch, pytorch_lightning, lightning_dist_hooks", Path("/"))
+        assert probe.returncode == 0, f"{VICTIM} cannot run this interpreter and checkout:\n{probe.stderr[-3000:]}"
+        yield users
+    finally:
+        REPO.chmod(checkout_mode)
+        shutil.rmtree(stage, ignore_errors=True)
 
 
 @pytest.fixture(params=["sysctl-zero", "sysctl-defaults"])
