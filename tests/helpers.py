@@ -175,3 +175,16 @@ LIGHTNING = Package("lightning", "lightning.pytorch", "lightning.fabric", "light
 BOTH = (PYTORCH_LIGHTNING, LIGHTNING)
 
 both_packages = pytest.mark.parametrize("package", BOTH, ids=[package.name for package in BOTH])
+
+
+def processes_mentioning(text: str) -> dict[int, str]:
+    """PID → command line of every live process whose command line contains ``text`` (a path unique to a test)."""
+    found = {}
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            command = cmdline.read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue  # exited while we looked
+        if text in command:
+            found[int(cmdline.parent.name)] = command
+    return found

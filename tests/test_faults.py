@@ -17,7 +17,8 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers import FIT_JOB, OPENMPI_MPIRUN, JobResult, Rank, job_environment, openmpi_run, run_command, slurm_environment
+from helpers import (FIT_JOB, OPENMPI_MPIRUN, JobResult, Rank, job_environment, openmpi_run, processes_mentioning,
+                     run_command, slurm_environment)
 
 from lightning_dist_hooks.init_methods import FileInitMethod
 from lightning_dist_hooks.janitor import Janitor
@@ -47,18 +48,6 @@ def wait_until_gone(tmp_path: Path, rendezvous_dir: Path | None = None, within_s
         if time.monotonic() > deadline:
             raise AssertionError(f"left behind after {within_s} s: processes {alive}, files {leftovers}")
         time.sleep(0.2)
-
-
-def processes_mentioning(text: str) -> dict[int, str]:
-    found = {}
-    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
-        try:
-            command = cmdline.read_bytes().replace(b"\0", b" ").decode(errors="replace")
-        except OSError:
-            continue  # exited while we looked
-        if text in command:
-            found[int(cmdline.parent.name)] = command
-    return found
 
 
 @pytest.mark.parametrize("kind", ["file", "tcp", "env"])

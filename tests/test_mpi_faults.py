@@ -11,24 +11,11 @@ import sys
 import time
 from pathlib import Path
 
-from helpers import FIT_JOB, needs_mpi, openmpi_run, run_command
+from helpers import FIT_JOB, needs_mpi, openmpi_run, processes_mentioning, run_command
 
 TIMEOUT_S = 600
 ENDS_WITHIN_S = 30
 JOB_LIMIT_S = 240  # start-up on a loaded 2-core machine included; far below the 600 s timeout
-
-
-def _processes_mentioning(marker: str) -> list[str]:
-    """Command lines of live processes containing ``marker`` (a path unique to one test)."""
-    found = []
-    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
-        try:
-            command = cmdline.read_bytes().replace(b"\0", b" ").decode(errors="replace")
-        except OSError:  # the process ended meanwhile
-            continue
-        if marker in command:
-            found.append(command)
-    return found
 
 
 def run_failing_job(tmp_path: Path, *flags: str, ranks: int = 2):
@@ -39,7 +26,7 @@ def run_failing_job(tmp_path: Path, *flags: str, ranks: int = 2):
     result = run_command(command, cwd=tmp_path, out_dir=out_dir, timeout=JOB_LIMIT_S + 30)
     ended = time.time()
     assert result.returncode not in (0, 124, 137), result.output[-6000:]  # failed, but not by our time limit
-    assert _processes_mentioning(str(out_dir)) == [], "a rank or mpirun outlived the job"
+    assert processes_mentioning(str(out_dir)) == {}, "a rank or mpirun outlived the job"
     return result, ended
 
 

@@ -30,7 +30,7 @@ from pathlib import Path
 import pytest
 
 from cluster import CLUSTER_RSH, NODE_ADDRESSES, NODES, EmulatedCluster, start_on_nodes
-from helpers import FIT_JOB, JobResult, job_environment, run_command
+from helpers import FIT_JOB, JobResult, job_environment, processes_mentioning, run_command
 
 DEVICES = 2  # ranks per node
 WORLD_SIZE = DEVICES * len(NODES)
@@ -57,18 +57,6 @@ def slurm(cluster: EmulatedCluster) -> EmulatedCluster:
     if not cluster.has_slurm:
         pytest.skip("SLURM is not installed (.ci/install installs slurm-wlm and munge)")
     return cluster
-
-
-def processes_mentioning(text: str) -> dict[int, str]:
-    found = {}
-    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
-        try:
-            command = cmdline.read_bytes().replace(b"\0", b" ").decode(errors="replace")
-        except OSError:
-            continue  # exited while we looked
-        if text in command:
-            found[int(cmdline.parent.name)] = command
-    return found
 
 
 def wait_until_no_process_mentions(text: str, within_s: float = 15) -> dict[int, str]:
