@@ -109,13 +109,16 @@ def _tails(logs: list[Path]) -> str:
 
 
 class Rank:
-    """The one thing a rendezvous handler asks of its cluster environment: this process's global rank."""
+    """What a rendezvous handler asks of its cluster environment: this process's global rank and the world size."""
 
-    def __init__(self, rank: int) -> None:
-        self.rank = rank
+    def __init__(self, rank: int, world_size: int = 2) -> None:
+        self.rank, self.size = rank, world_size
 
     def global_rank(self) -> int:
         return self.rank
+
+    def world_size(self) -> int:
+        return self.size
 
 
 def _open_mpi_mpirun() -> Optional[str]:

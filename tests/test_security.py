@@ -311,6 +311,45 @@ def test_junk_in_the_victims_own_leftover_file_is_an_error_not_a_hang(users, bas
     assert "is not a torch FileStore log" in run.output
 
 
+# Two ranks of an earlier run of the victim that met through PATH and were killed before cleaning up: the file
+# holds torch's own keys (the group's members and gloo's addresses), valid as a FileStore log, and no claim.
+_EARLIER_RUN = """
+import os, subprocess, sys
+path, rank = sys.argv[1], sys.argv[2:]
+if not rank:
+    os.mkdir(os.path.dirname(path), 0o700)
+    ranks = [subprocess.Popen([sys.executable, __file__, path, str(r)]) for r in (0, 1)]
+    sys.exit(max(process.wait(timeout=90) for process in ranks))
+import torch.distributed as dist
+dist.init_process_group("gloo", init_method="file://" + path, rank=int(rank[0]), world_size=2)
+dist.barrier()
+os.chmod(path, 0o600)
+os._exit(0)  # killed: no destroy_process_group, no removal
+"""
+
+
+@pytest.mark.parametrize("path_kind", ["per-job", "explicit"])
+def test_a_valid_log_left_by_the_victims_earlier_run_stops_every_rank_at_once(users, base, path_kind):
+    shared = shared_directory(base, users, "world-writable-sticky")
+    url, name = victim_url(shared, path_kind)
+    private = private_directory(users, shared)
+    stale = private / name
+    home = base / f"home-{VICTIM}"
+    script = home / "earlier_run.py"
+    script.write_text(_EARLIER_RUN)
+    made = subprocess.run(users.command(VICTIM, [sys.executable, str(script), str(stale)]), cwd=home,
+                          capture_output=True, text=True, timeout=120,
+                          env=job_environment(HOME=str(home), GLOO_SOCKET_IFNAME="lo"))
+    assert made.returncode == 0, made.stderr[-3000:]
+    left = stale.read_bytes()
+    assert b"/default_pg/" in left or b"/0" in left, "the earlier run left no torch keys: nothing is tested"
+    run = run_victim_ranks(users, base, url, [0, 1])
+    assert_refused(run, stale, owner=None)
+    assert "exists, but no rank of this run made it" in run.output, run.output
+    assert stale.read_bytes() == left, "another run's file is never changed or deleted automatically"
+    assert sorted(path.name for path in private.iterdir()) == [name], "claims or drafts were left behind"
+
+
 def test_an_honest_two_rank_run_in_a_world_writable_sticky_directory_trains(users, base):
     shared = shared_directory(base, users, "world-writable-sticky")
     run = run_victim_ranks(users, base, f"file://{shared}/", [0, 1])
@@ -381,6 +420,9 @@ def test_filestores_0644_reopen_exposes_nothing(users, base):
             def global_rank(self):
                 return 0
 
+            def world_size(self):
+                return 1
+
         rendezvous = FileInitMethod().prepare("file://{shared}/rdzv", Rank0())
         path = rendezvous.init_method[len("file://"):]
         store = dist.FileStore(path, 1)
@@ -424,6 +466,50 @@ def test_a_stale_claim_is_judged_by_the_file_it_names_not_by_when_ranks_arrive(t
     assert sorted(private.iterdir()) == [gone]
 
 
+def test_a_valid_filestore_log_that_no_claim_records_is_refused_by_every_rank(tmp_path):
+    import torch.distributed as dist
+
+    private = tmp_path / f"ldh-uid-{os.geteuid()}"
+    private.mkdir(mode=0o700)
+    stale = private / "rdzv"
+    store = dist.FileStore(str(stale), 2)  # an earlier run's rank, killed after writing its keys
+    store.set("/default_pg/0//cpu//0", "198.18.0.1:40000")
+    del store
+    stale.chmod(0o600)
+    left = stale.read_bytes()
+    for rank in (0, 1):
+        with pytest.raises(RuntimeError, match=rf"{stale} exists, but no rank of this run made it: none of "
+                                               rf"{stale}.rank0.claim to .rank1.claim records it"):
+            FileInitMethod().prepare(f"file://{tmp_path}/rdzv", Rank(rank))
+    assert stale.read_bytes() == left
+    assert sorted(path.name for path in private.iterdir()) == ["rdzv"]
+
+
+def test_a_rank_joins_while_the_makers_draft_name_still_links_the_file(tmp_path):
+    # Rank 0 has recorded its draft in its claim and linked it to the rendezvous name, and not yet removed the
+    # draft name: the file has two links, both known.
+    private = tmp_path / f"ldh-uid-{os.geteuid()}"
+    private.mkdir(mode=0o700)
+    draft, path = private / "rdzv.rank0.draft", private / "rdzv"
+    draft.touch(mode=0o600)
+    claim = private / "rdzv.rank0.claim"
+    claim.write_text(f"{draft.stat().st_dev} {draft.stat().st_ino}\n")
+    claim.chmod(0o600)
+    os.link(draft, path)
+    joined = FileInitMethod().prepare(f"file://{tmp_path}/rdzv", Rank(1))
+    assert joined.file == path
+    assert (private / "rdzv.rank1.claim").read_text().split() == claim.read_text().split()
+    FileInitMethod().finish(joined)
+    # A second link that is not the maker's draft is refused.
+    other = tmp_path / "other"
+    other.touch(mode=0o600)
+    os.link(other, private / "rdzv")
+    draft.unlink()
+    claim.write_text(f"{other.stat().st_dev} {other.stat().st_ino}\n")
+    with pytest.raises(RuntimeError, match=r", 2 links is not a regular file with one link private to this user"):
+        FileInitMethod().prepare(f"file://{tmp_path}/rdzv", Rank(1))
+
+
 def test_finish_removes_each_file_on_its_own_and_reports_what_it_could_not(tmp_path, caplog):
     rendezvous = FileInitMethod().prepare(f"file://{tmp_path}/rdzv", Rank(0))
     rendezvous.file.unlink()
@@ -444,6 +530,38 @@ def test_the_janitor_leaves_a_file_that_replaced_ours(tmp_path):
     assert janitor.process.wait(timeout=10) == 0
     assert rendezvous.file.read_text() == "someone else's"
     assert not rendezvous.claim.exists()
+
+
+_KILLED_RANK = """
+import os, signal, sys
+from pathlib import Path
+sys.path.insert(0, {tests!r})
+from helpers import Rank
+from lightning_dist_hooks.init_methods import FileInitMethod
+rendezvous = FileInitMethod().prepare({url!r}, Rank(0))
+print(rendezvous.file, rendezvous.claim, flush=True)
+rendezvous.file.unlink()
+rendezvous.file.write_text("a later run's")  # the same name, another file: only this user can put one there
+os.chmod(rendezvous.file, 0o600)
+os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+def test_the_victims_janitor_removes_only_the_files_its_killed_rank_made(users, base):
+    shared = shared_directory(base, users, "world-writable-sticky")
+    home = base / f"home-{VICTIM}"
+    code = _KILLED_RANK.format(tests=str(REPO / "tests"), url=f"file://{shared}/rdzv")
+    killed = users.python(VICTIM, code, home)
+    assert killed.returncode == -9, killed.stderr[-3000:]
+    file, claim = (Path(part) for part in killed.stdout.split())
+    deadline = time.monotonic() + 20
+    while claim.exists() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not claim.exists(), "the janitor did not remove the claim of its killed rank"
+    assert file.read_text() == "a later run's", "the janitor removed a file it had not been given"
+    # Another user cannot have made that swap: the per-user directory is closed to them.
+    swap = users.python(ATTACKER, f"open({str(file.parent / 'x')!r}, 'w')", base / f"home-{ATTACKER}")
+    assert swap.returncode != 0 and "PermissionError" in swap.stderr, swap.stderr
 
 
 @pytest.mark.parametrize("kind", ["hard-linked", "group-readable", "fifo"])

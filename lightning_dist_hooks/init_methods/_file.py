@@ -73,23 +73,29 @@ class FileInitMethod(InitMethod):
     (a crash, a kill) deadlocks or connects the wrong processes. The per-launch identity avoids reuse where the
     launcher names each launch (a SLURM requeue has a new restart count, torchrun a new restart count, Flux a
     new job id, ``ddp`` a new token). Where an identity can repeat (several ``mpiexec`` in one PBS job, torchrun
-    without ``--rdzv-id``, an explicit path), each rank first claims the file by creating ``NAME.rank<R>.claim``
-    with O_EXCL, records in it the identity (device and inode) of the file it then opens, and removes the claim
-    only after removing the file at exit. So:
+    without ``--rdzv-id``, an explicit path), what is on disk says which run a file belongs to:
 
+    * each rank first claims its rank by creating ``NAME.rank<R>.claim`` with O_EXCL, and removes the claim only
+      after removing the file at exit;
+    * the rank that makes the file creates it as a draft, ``NAME.rank<R>.draft``, records the draft's identity
+      (device and inode) in its claim, and only then links it to NAME (``link`` fails if NAME exists: one rank
+      wins) and removes the draft name. So from the moment NAME exists, a claim of this launch records it;
+    * a rank that finds NAME existing uses it only if the claim of some rank of this launch records it (while
+      its creator's draft name is still there, with two links), and then records it in its own claim.
+
+    So, judged by which file the claims name and never by when anything happened:
+
+    * a file that no claim records was not made by this launch: it is an earlier run's (its claims gone), or
+      made by something else, and every rank stops at once with an error naming it (nothing is deleted
+      automatically). A stale but valid FileStore log is caught here, before torch reads it;
     * a claim for rank R that already exists was made by another process holding rank R: never by a peer of this
-      launch, which has exactly one rank R. It is an earlier run's (or a concurrent run's with the same identity);
-    * if it records the identity of the file that exists now, that file is the earlier run's, and this rank stops
-      with an error naming both (nothing is deleted automatically);
-    * otherwise (no file, another file, or an empty claim) the earlier holder of rank R never used this file: it
-      was made by a live process, and the old claim is harmless and is taken over. This holds however far apart
-      the ranks arrive: it rests on which file the claim names, not on when anything happened.
+      launch, which has exactly one rank R. If it records the file that exists now, that file is the earlier
+      run's, and this rank stops with an error naming both. Otherwise (no file, another file, or an empty claim)
+      the earlier holder of rank R never used this file, and the old claim is emptied and taken over.
 
     Every rank that took part in the earlier run finds its claim and stops at once instead of deadlocking; the
-    launchers here (mpirun, srun, torchrun) then stop the other ranks. A rank that had not reached its claim in
-    the earlier run waits at most the process-group timeout, which then names the file. (A new file that reuses
-    the inode number of an earlier run's removed file looks like that file: an error asking to remove it, never a
-    wrong connection.)
+    launchers here (mpirun, srun, torchrun) then stop the other ranks. (A new file that reuses the inode number of
+    an earlier run's removed file looks like that file: an error asking to remove it, never a wrong connection.)
     """
 
     scheme = "file"
@@ -168,7 +174,7 @@ class FileInitMethod(InitMethod):
         try:
             claim_fd = self._claim(url, rendezvous, rank)
             try:
-                file_fd = _open_rendezvous_file(url, rendezvous)
+                file_fd = _create_or_join(url, rendezvous, rank, cluster_environment.world_size(), claim_fd)
                 try:
                     rendezvous.own(path.name, file_fd)
                     _record_identity(claim_fd, os.fstat(file_fd))
@@ -264,6 +270,10 @@ def _claim_name(file_name: str, rank: int) -> str:
     return f"{file_name}.rank{rank}.claim"
 
 
+def _draft_name(file_name: str, rank: int) -> str:
+    return f"{file_name}.rank{rank}.draft"
+
+
 def _identity(status: os.stat_result) -> tuple[int, int]:
     return status.st_dev, status.st_ino
 
@@ -306,16 +316,38 @@ def _take_over_stale_claim(url: str, rendezvous: FileRendezvous, rank: int) -> i
             "them now). A reused rendezvous file deadlocks or connects the wrong processes, so this run stops. "
             f"Once no run uses them, remove {path} and {path}.rank*.claim, then start again."
         )
+    os.ftruncate(descriptor, 0)  # it records nothing until this rank records its own file
     return descriptor
 
 
-def _open_rendezvous_file(url: str, rendezvous: FileRendezvous) -> int:
-    """Create the file (0600), or open an existing one after checking it is ours and a FileStore log."""
-    name = rendezvous.file.name
+def _create_or_join(url: str, rendezvous: FileRendezvous, rank: int, world_size: int, claim_fd: int) -> int:
+    """Make the rendezvous file (recorded in this rank's claim before it appears), or join the one a peer made."""
+    name, directory_fd = rendezvous.file.name, rendezvous.directory_fd
+    draft = _draft_name(name, rank)
     try:
-        return os.open(name, _CREATE | os.O_RDWR, 0o600, dir_fd=rendezvous.directory_fd)
+        draft_fd = os.open(draft, _CREATE | os.O_RDWR, 0o600, dir_fd=directory_fd)
+    except FileExistsError:  # a draft of an earlier holder of rank R, whose claim this rank holds now: no one's
+        os.unlink(draft, dir_fd=directory_fd)
+        draft_fd = os.open(draft, _CREATE | os.O_RDWR, 0o600, dir_fd=directory_fd)
+    rendezvous.own(draft, draft_fd)
+    # Recorded, and on a network filesystem flushed to where other nodes read it, before the file can be seen.
+    _record_identity(claim_fd, os.fstat(draft_fd))
+    os.fsync(claim_fd)
+    try:
+        os.link(draft, name, src_dir_fd=directory_fd, dst_dir_fd=directory_fd, follow_symlinks=False)
+        created = True
     except FileExistsError:
-        pass
+        created = False
+    os.unlink(draft, dir_fd=directory_fd)
+    if created:
+        return draft_fd
+    os.close(draft_fd)
+    return _join_existing(url, rendezvous, world_size)
+
+
+def _join_existing(url: str, rendezvous: FileRendezvous, world_size: int) -> int:
+    """Open the file at the rendezvous name, after checking it is ours, this launch's, and a FileStore log."""
+    name = rendezvous.file.name
     try:
         descriptor = os.open(name, _OPEN_EXISTING | os.O_NONBLOCK, dir_fd=rendezvous.directory_fd)
     except OSError as error:
@@ -324,10 +356,16 @@ def _open_rendezvous_file(url: str, rendezvous: FileRendezvous) -> int:
             f"torch_dist_init_method={url!r}: {private_file_problem(rendezvous.file, status) or error.strerror}"
         ) from None
     try:
-        problem = private_file_problem(rendezvous.file, os.fstat(descriptor))
+        status = os.fstat(descriptor)
+        maker = _rank_recording(rendezvous, world_size, _identity(status))
+        # While its maker has not yet removed the draft name, the file has that second link, and only that one.
+        links = 2 if maker is not None and _is_draft_of(rendezvous, maker, status) else 1
+        problem = private_file_problem(rendezvous.file, status, links=links)
         if problem is None:
             log_problem = _filestore_log_problem(descriptor)
             problem = None if log_problem is None else f"{rendezvous.file} {log_problem}"
+        if problem is None and maker is None:
+            problem = _made_by_no_rank(rendezvous.file, world_size)
     except BaseException:
         os.close(descriptor)
         raise
@@ -335,6 +373,32 @@ def _open_rendezvous_file(url: str, rendezvous: FileRendezvous) -> int:
         os.close(descriptor)
         raise RuntimeError(f"torch_dist_init_method={url!r}: {problem}")
     return descriptor
+
+
+def _made_by_no_rank(path: Path, world_size: int) -> str:
+    return (
+        f"{path} exists, but no rank of this run made it: none of {path}.rank0.claim to "
+        f".rank{world_size - 1}.claim records it, as the claim of the rank that makes the file does before the file "
+        "appears. It was left by an earlier run that did not finish cleanly (or made by something else), and a "
+        "reused rendezvous file deadlocks or connects the wrong processes, so this run stops. Once no run uses it, "
+        f"remove {path} (and any {path}.rank*.claim), then start again."
+    )
+
+
+def _rank_recording(rendezvous: FileRendezvous, world_size: int, identity: tuple[int, int]) -> Optional[int]:
+    """The rank of this launch whose claim records the file with ``identity``, or None."""
+    for rank in range(world_size):
+        if _claimed_identity(rendezvous, _claim_name(rendezvous.file.name, rank)) == identity:
+            return rank
+    return None
+
+
+def _is_draft_of(rendezvous: FileRendezvous, rank: int, status: os.stat_result) -> bool:
+    try:
+        draft = os.stat(_draft_name(rendezvous.file.name, rank), dir_fd=rendezvous.directory_fd, follow_symlinks=False)
+    except FileNotFoundError:
+        return False
+    return _identity(draft) == _identity(status)
 
 
 def _filestore_log_problem(descriptor: int) -> Optional[str]:

@@ -124,16 +124,19 @@ def open_private_directory(shared_fd: int, shared: Path) -> tuple[int, Optional[
     return descriptor, None
 
 
-def private_file_problem(path: Path, status: os.stat_result) -> Optional[str]:
-    """Why an existing file in the private directory is not one this user's run can trust; None if it is."""
+def private_file_problem(path: Path, status: os.stat_result, links: int = 1) -> Optional[str]:
+    """Why an existing file in the private directory is not one this user's run can trust; None if it is.
+
+    ``links``: how many names the file may have (more than one only where the caller knows each of them).
+    """
     if (not stat.S_ISREG(status.st_mode) or status.st_uid != os.geteuid() or stat.S_IMODE(status.st_mode) & 0o077
-            or status.st_nlink != 1):
-        return _not_ours(path, status, "regular file with one link")
+            or status.st_nlink != links):
+        return _not_ours(path, status, "regular file with one link", links)
     return None
 
 
-def _not_ours(path: Path, status: os.stat_result, expected: str) -> str:
-    links = f", {status.st_nlink} links" if stat.S_ISREG(status.st_mode) and status.st_nlink != 1 else ""
+def _not_ours(path: Path, status: os.stat_result, expected: str, expected_links: int = 1) -> str:
+    links = f", {status.st_nlink} links" if stat.S_ISREG(status.st_mode) and status.st_nlink != expected_links else ""
     return (f"{describe(path, status)}{links} is not a {expected} private to this user ({owner_name(os.geteuid())}, "
             "no access for group or others), so it may be someone else's and is not used. Remove it (it is at the "
             "name only this user's rendezvous files use; an administrator may have to), then start again.")
