@@ -14,6 +14,7 @@ from torch.distributed.constants import default_pg_timeout
 from lightning_dist_hooks import _lightning_internals
 from lightning_dist_hooks.init_methods import InitMethod, Rendezvous, init_method_handler
 from lightning_dist_hooks.progress import missing_ranks_query, rendezvous_progress
+from lightning_dist_hooks.rendezvous_deadline import rendezvous_deadline
 
 # Runs before multiprocessing's own exit handlers of lower priority; the value only orders finalizers.
 _FINISH_PRIORITY = 100
@@ -45,9 +46,10 @@ def create_process_group(strategy: Any, init_method: Optional[str], hook: Callab
     # Lightning's own words, through Lightning's own logger: what a user sees does not change with the flags.
     flavour.distributed_log.info(f"Initializing distributed: GLOBAL_RANK: {rank}, MEMBER: {rank + 1}/{world_size}")
     started = time.monotonic()
+    missing = missing_ranks_query(handler, rendezvous, world_size)
     try:
-        with rendezvous_progress(rank, world_size, url, timeout,
-                                 missing_ranks_query(handler, rendezvous, world_size)):
+        with rendezvous_progress(rank, world_size, url, timeout, missing), \
+                rendezvous_deadline(rank, world_size, url, timeout, missing):
             hook(backend, rendezvous.init_method, rank, world_size, timeout)
     except Exception as error:
         if _is_rendezvous_timeout(error, time.monotonic() - started, timeout):

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import re
+import socket
 import sys
 import time
 from pathlib import Path
@@ -62,6 +63,23 @@ def test_a_rank_that_never_arrives_times_out_naming_the_missing_rank(run_job, tm
             f"{init_method}; ranks that never arrived: [1]") in result.output, result.output[-4000:]
     assert TIMEOUT_S <= elapsed < TIMEOUT_S + STARTUP_S
     wait_until_gone(tmp_path, rendezvous_dir)
+
+
+def test_a_rendezvous_stuck_inside_torch_past_its_timeout_ends_the_rank_naming_it(run_job, tmp_path):
+    # torch 2.13's TCPStore client waits forever, whatever the timeout, when rank 0's port is held by a process
+    # that never accepts (a stale or foreign listener). Rank 1 of a 2-rank Flux job, as Flux starts it.
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(0)
+        url = f"tcp://127.0.0.1:{listener.getsockname()[1]}"
+        flux_rank_1 = job_environment(FLUX_TASK_RANK="1", FLUX_TASK_LOCAL_ID="1", FLUX_JOB_SIZE="2", FLUX_JOB_NNODES="1",
+                                      FLUX_JOB_ID="f42stuck", PMI_RANK="1", PMI_SIZE="2")
+        result, elapsed = timed(run_job, *SHORT_FLAGS, "--init-method", url, env=flux_rank_1)
+    assert result.returncode == 1, result.output[-4000:]
+    assert (f"rank 1 of 2: the rendezvous through {url} has not returned 10 s after its {TIMEOUT_S} s timeout: it is "
+            "stuck inside torch") in result.output, result.output[-4000:]
+    assert TIMEOUT_S + 10 <= elapsed < TIMEOUT_S + 10 + STARTUP_S
+    wait_until_gone(tmp_path)
 
 
 LAUNCHERS = {

@@ -1,0 +1,80 @@
+"""Ending a rank whose rendezvous is stuck inside torch past its timeout, instead of waiting forever.
+
+torch honours the process-group timeout in most of its rendezvous waits, and then ``create_process_group`` turns
+its error into a message naming the missing ranks. Not in all of them: in torch 2.13 a ``TCPStore`` client whose
+server's port is held by a process that never accepts (a stale or foreign listener on a ``tcp://`` or ``env://``
+port) waits forever whatever the timeout, and a ``FileStore`` reading a record that a killed writer cut short
+loops forever. torch releases the GIL while it waits there, so a timer thread can still act: if the rendezvous has
+not returned ``grace`` seconds after its timeout, it says so on stderr, naming the init method and the ranks still
+missing as far as the rendezvous can tell, and ends the process with exit code 1. A launcher then ends the job as
+for any failed rank; the ``file://`` janitor removes the rendezvous files. No code of the process runs after it:
+nothing else can end a thread that torch holds.
+
+    with rendezvous_deadline(rank, world_size, "tcp://10.0.0.1:29500", timedelta(minutes=30), missing):
+        torch.distributed.init_process_group(...)
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import timedelta
+
+from lightning_dist_hooks.progress import MissingRanks
+
+EXIT_CODE = 1
+
+
+def grace_s(timeout: timedelta) -> float:
+    """How long past its timeout a rendezvous may still return: a tenth of the timeout, 10 s to 60 s.
+
+    >>> grace_s(timedelta(seconds=15)), grace_s(timedelta(minutes=5)), grace_s(timedelta(minutes=30))
+    (10.0, 30.0, 60.0)
+    """
+    return min(60.0, max(10.0, 0.1 * timeout.total_seconds()))
+
+
+def stuck_message(rank: int, world_size: int, init_method: str, timeout: timedelta,
+                  missing: list[int] | None) -> str:
+    """What a rank says before it ends itself.
+
+    >>> print(stuck_message(1, 2, "tcp://10.0.0.1:29500", timedelta(seconds=15), None))  # doctest: +NORMALIZE_WHITESPACE
+    [lightning_dist_hooks] rank 1 of 2: the rendezvous through tcp://10.0.0.1:29500 has not returned 10 s after its
+    15 s timeout: it is stuck inside torch, which did not honour the timeout (which ranks are missing cannot be
+    known from this rank). Ending this process with exit code 1, so that the launcher ends the job instead of
+    waiting forever. Check that every rank reaches the same init method and, for tcp:// and env://, that no other
+    process holds rank 0's port.
+    """
+    who = ("which ranks are missing cannot be known from this rank" if missing is None
+           else f"ranks that never arrived: {missing}")
+    return (f"[lightning_dist_hooks] rank {rank} of {world_size}: the rendezvous through {init_method} has not "
+            f"returned {grace_s(timeout):g} s after its {timeout.total_seconds():g} s timeout: it is stuck inside "
+            f"torch, which did not honour the timeout ({who}). Ending this process with exit code {EXIT_CODE}, so that "
+            "the launcher ends the job instead of waiting forever. Check that every rank reaches the same init "
+            "method and, for tcp:// and env://, that no other process holds rank 0's port.")
+
+
+@contextmanager
+def rendezvous_deadline(rank: int, world_size: int, init_method: str, timeout: timedelta,
+                        missing: MissingRanks) -> Iterator[None]:
+    """End this process if the body has not returned ``grace_s(timeout)`` after ``timeout`` (see module doc)."""
+
+    def end_process() -> None:
+        try:
+            who = missing()
+        except Exception:  # the rendezvous's own state may be what is broken: the message goes out regardless
+            who = None
+        sys.stderr.write(stuck_message(rank, world_size, init_method, timeout, who) + "\n")
+        sys.stderr.flush()
+        os._exit(EXIT_CODE)
+
+    timer = threading.Timer(timeout.total_seconds() + grace_s(timeout), end_process)
+    timer.daemon = True
+    timer.start()
+    try:
+        yield
+    finally:
+        timer.cancel()
