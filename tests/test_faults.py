@@ -10,9 +10,12 @@ timeout (15 s here) many times over, or Lightning's default of 30 minutes.
 
 from __future__ import annotations
 
+import fcntl
 import os
 import re
 import socket
+import struct
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -80,6 +83,36 @@ def test_a_rendezvous_stuck_inside_torch_past_its_timeout_ends_the_rank_naming_i
             "stuck inside torch") in result.output, result.output[-4000:]
     assert TIMEOUT_S + 10 <= elapsed < TIMEOUT_S + 10 + STARTUP_S
     wait_until_gone(tmp_path)
+
+
+def test_a_rendezvous_file_cut_short_mid_record_ends_the_waiting_rank_naming_it(tmp_path, rendezvous_dir):
+    # A rank killed while appending a record leaves the log cut short (the file stops growing mid-record), and
+    # torch's FileStore, reading that record, loops forever holding its lock. Here rank 1 "dies" so: the test appends
+    # a record header announcing 64 bytes and writes 3, under FileStore's lock, while rank 0 waits for rank 1.
+    url = f"file://{rendezvous_dir}/rdzv"
+    path = rendezvous_dir / f"ldh-uid-{os.geteuid()}" / "rdzv"
+    flux_rank_0 = job_environment(FLUX_TASK_RANK="0", FLUX_TASK_LOCAL_ID="0", FLUX_JOB_SIZE="2", FLUX_JOB_NNODES="1",
+                                  FLUX_JOB_ID="f42cut", PMI_RANK="0", PMI_SIZE="2")
+    started = time.monotonic()
+    with open(tmp_path / "rank0.log", "w") as log:
+        rank_0 = subprocess.Popen([sys.executable, str(FIT_JOB), "--out", str(tmp_path / "out"), *SHORT_FLAGS,
+                                   "--init-method", url], cwd=tmp_path, env=flux_rank_0, stdout=log,
+                                  stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        try:
+            while not (path.exists() and path.stat().st_size > 0):  # rank 0's FileStore has written its first record
+                assert rank_0.poll() is None and time.monotonic() - started < STARTUP_S, (tmp_path / "rank0.log").read_text()
+                time.sleep(0.05)
+            with open(path, "ab") as store:
+                fcntl.flock(store, fcntl.LOCK_EX)
+                store.write(struct.pack("=I", 64) + b"cut")
+            returncode = rank_0.wait(timeout=TIMEOUT_S + 10 + STARTUP_S)
+        finally:
+            rank_0.kill()
+    output = (tmp_path / "rank0.log").read_text()
+    assert returncode == 1, output[-4000:]
+    assert (f"rank 0 of 2: the rendezvous through {url} has not returned 10 s after its {TIMEOUT_S} s timeout: it is "
+            "stuck inside torch") in output, output[-4000:]
+    wait_until_gone(tmp_path, rendezvous_dir)
 
 
 LAUNCHERS = {
