@@ -107,6 +107,12 @@ PALS = LauncherVariables(
 # The launchers whose processes MPI itself numbers, in the order the MPI transport looks for them.
 MPI_LAUNCHERS = (OPEN_MPI, HYDRA, MVAPICH2)
 
+# The rank variable each MPI launcher sets for the processes it starts, ours above or not (Open MPI, PMIx's prun,
+# PMI-1/2 launchers such as MPICH's and Intel MPI's Hydra, MVAPICH2, Cray PALS and ALPS): a process with none of
+# them was not started by one. Rank variables only: OMPI_MCA_*, MV2_*, I_MPI_* are also users' own settings.
+MPI_RANK_VARIABLES = frozenset({"OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK", "MPI_LOCALRANKID",
+                                "MV2_COMM_WORLD_RANK", "PALS_RANKID", "ALPS_APP_PE"})
+
 # What a launcher sets that a job started from inside it must not inherit, or that job would take the outer
 # launcher's ranks (or an earlier launch's identity) for its own: every family above and Lightning's (SLURM, LSF's
 # jsrun, torchrun), by prefix, and single names torch and Lightning read.
@@ -124,6 +130,15 @@ LAUNCHER_VARIABLES = frozenset({
 def is_launcher_variable(name: str) -> bool:
     """Whether a launcher (or torch's ``env://``) sets ``name`` for the processes it starts."""
     return name.startswith(LAUNCHER_VARIABLE_PREFIXES) or name in LAUNCHER_VARIABLES
+
+
+def started_by_an_mpi_launcher(environ: Mapping[str, str]) -> bool:
+    """Whether ``environ`` holds the rank variable of some MPI launcher (``MPI_RANK_VARIABLES``).
+
+    >>> started_by_an_mpi_launcher({"PMI_RANK": "0"}), started_by_an_mpi_launcher({"OMPI_MCA_btl": "self,vader"})
+    (True, False)
+    """
+    return not MPI_RANK_VARIABLES.isdisjoint(environ)
 
 
 def without_launcher_variables(environ: Mapping[str, str]) -> dict[str, str]:

@@ -6,8 +6,11 @@ exactly the variables those launchers set for each rank, and they meet through a
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import socket
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -208,6 +211,43 @@ def test_nothing_is_added_where_lightning_would_choose_the_same_environment(laun
     launcher_env({**SBATCH_STEP, **OPENMPI})
     (added,) = with_detected_cluster_environment(kwargs, PYTORCH_LIGHTNING)["plugins"]
     assert type(added) is OpenMPIEnvironment
+
+
+def test_a_process_no_launcher_started_gets_lightnings_environment_without_a_detour_through_mpi(launcher_env):
+    launcher_env({})
+    (added,) = with_detected_cluster_environment({"plugins": None}, PYTORCH_LIGHTNING)["plugins"]
+    assert type(added) is LightningEnvironment
+    # Started by an MPI launcher none of ours knows (Cray ALPS): Lightning's own detection decides, MPIEnvironment too.
+    launcher_env({"ALPS_APP_PE": "0"})
+    kwargs = {"plugins": None}
+    assert with_detected_cluster_environment(kwargs, PYTORCH_LIGHTNING) is kwargs
+
+
+_TRAINER_AND_ITS_LISTENERS = """
+import os, subprocess, sys
+import pytorch_lightning
+from lightning_dist_hooks import Trainer
+trainer = (pytorch_lightning.Trainer if sys.argv[1] == "lightning" else Trainer)(
+    accelerator="cpu", devices=2, strategy="ddp", logger=False)
+listening = [line for line in subprocess.run(["ss", "-Hltnp"], capture_output=True, text=True).stdout.splitlines()
+             if f"pid={os.getpid()}," in line or '"orted"' in line]
+print(type(trainer.strategy.cluster_environment).__name__, "mpi4py.MPI" in sys.modules, len(listening))
+"""
+
+
+@pytest.mark.skipif(importlib.util.find_spec("mpi4py") is None, reason="Lightning initialises MPI only with mpi4py")
+def test_a_trainer_outside_any_launcher_starts_no_mpi_and_opens_no_listening_socket(tmp_path):
+    # Lightning's MPIEnvironment.detect() initialises MPI to learn that the world has one process: an Open MPI
+    # singleton starts an orted and listens on every interface. Shown for Lightning's Trainer, then for ours.
+    seen = {}
+    for trainer in ("lightning", "ours"):
+        done = subprocess.run([sys.executable, "-c", _TRAINER_AND_ITS_LISTENERS, trainer], cwd=tmp_path,
+                              env=job_environment(), capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, done.stderr[-3000:]
+        seen[trainer] = done.stdout.split()[-3:]
+    assert seen["lightning"][:2] == ["LightningEnvironment", "True"], seen
+    assert int(seen["lightning"][2]) > 0, "Open MPI's singleton no longer listens: the contrast shows nothing"
+    assert seen["ours"] == ["LightningEnvironment", "False", "0"], seen
 
 
 # Rank 1 of 2 started by LSF's jsrun (Spectrum MPI sets OMPI_COMM_WORLD_* too); LSB_DJOB_RANKFILE is set per test.
