@@ -358,8 +358,13 @@ def _join_existing(url: str, rendezvous: FileRendezvous, world_size: int) -> int
     try:
         status = os.fstat(descriptor)
         maker = _rank_recording(rendezvous, world_size, _identity(status))
-        # While its maker has not yet removed the draft name, the file has that second link, and only that one.
-        links = 2 if maker is not None and _is_draft_of(rendezvous, maker, status) else 1
+        links = 1
+        if maker is not None and status.st_nlink == 2:
+            # Until its maker removes the draft name, the file has that second link, and only that one.
+            if _is_draft_of(rendezvous, maker, status):
+                links = 2
+            else:  # the maker removed the draft name since the fstat above: look again
+                status = os.fstat(descriptor)
         problem = private_file_problem(rendezvous.file, status, links=links)
         if problem is None:
             log_problem = _filestore_log_problem(descriptor)
