@@ -24,7 +24,7 @@ class ListeningSocket:
 
 def listening_sockets(pid: int | str = "self") -> list[ListeningSocket]:
     """The listening TCP sockets (IPv4 and IPv6) that process ``pid`` holds, by port."""
-    inodes = _socket_inodes(pid)
+    inodes = socket_inodes(pid)
     return sorted((socket for socket in _listening_in_namespace_of(pid) if socket.inode in inodes),
                   key=lambda socket: (socket.port, socket.address))
 
@@ -35,14 +35,15 @@ def holders_of_port(port: int) -> list[str]:
     holders = []
     for process in Path("/proc").glob("[0-9]*"):
         try:
-            if inodes & _socket_inodes(process.name):
+            if inodes & socket_inodes(process.name):
                 holders.append(f"{process.name} ({(process / 'comm').read_text().strip()})")
         except OSError:  # gone, or another user's
             continue
     return holders
 
 
-def _socket_inodes(pid: int | str) -> set[str]:
+def socket_inodes(pid: int | str) -> set[str]:
+    """The inode numbers (as /proc/net/* writes them) of the sockets process ``pid`` holds."""
     inodes = set()
     for descriptor in Path(f"/proc/{pid}/fd").iterdir():
         try:

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-import os
 import socket
 from pathlib import Path
+
+from lightning_dist_hooks.doctor.sockets import socket_inodes
 
 
 _LISTEN, _ESTABLISHED = "0A", "01"  # TCP states as /proc/net/tcp writes them
@@ -26,14 +27,7 @@ def established_ipv4_connections(pid: int) -> list[tuple[str, str]]:
 
 def _tcp_sockets(pid: int, tables: tuple[str, ...] = ("tcp", "tcp6")) -> list[tuple[str, str, str]]:
     """(local, remote, state) in /proc's hex notation for the TCP sockets that process ``pid`` holds."""
-    inodes = set()
-    for descriptor in Path(f"/proc/{pid}/fd").iterdir():
-        try:
-            target = os.readlink(descriptor)
-        except OSError:  # closed since the directory was listed
-            continue
-        if target.startswith("socket:["):
-            inodes.add(target[len("socket:[") : -1])
+    inodes = socket_inodes(pid)
     sockets = []
     for table in tables:
         for line in Path(f"/proc/{pid}/net/{table}").read_text().splitlines()[1:]:
