@@ -14,12 +14,15 @@ still works, not a measurement).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import socket
 import statistics
+import subprocess
+import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import numpy as np
@@ -48,7 +51,35 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--sizes", type=lambda text: [int(kib) << 10 for kib in text.split(",")],
                         help="allreduce sizes in KiB, comma-separated (default: 4 KiB to 64 MiB)")
     parser.add_argument("--json", type=Path, help="also write the results here (rank 0)")
+    parser.add_argument("--background-load", type=int, default=0, metavar="N",
+                        help="rank 0 runs N busy-looping Python processes for the whole measurement (a loaded "
+                             "machine, reproducibly)")
     return parser.parse_args()
+
+
+# Spins until its parent, rank 0, is gone: no spinner outlives a rank that was killed (MPI_Abort, SIGKILL) before
+# it could stop them. Checks the parent every ~10 ms of spinning. The label names it in process lists.
+SPINNER_LABEL = "mpi_allreduce.py --background-load spinner"
+_SPINNER = """
+import os
+parent = os.getppid()
+while os.getppid() == parent:
+    for _ in range(100_000):
+        pass
+"""
+
+
+@contextlib.contextmanager
+def background_load(processes: int) -> Iterator[None]:
+    """Run ``processes`` busy loops (pure Python, pinned nowhere) while the block runs; stop them on any exit."""
+    spinners = [subprocess.Popen([sys.executable, "-c", _SPINNER, SPINNER_LABEL]) for _ in range(processes)]
+    try:
+        yield
+    finally:
+        for spinner in spinners:
+            spinner.kill()
+        for spinner in spinners:
+            spinner.wait()
 
 
 def init_groups(comm) -> dist.ProcessGroup:
@@ -233,26 +264,30 @@ def main() -> None:
     sizes = args.sizes or (QUICK_SIZES if args.quick else FULL_SIZES)
     rounds = 2 if args.quick else args.rounds
 
-    load_before = os.getloadavg()
-    allreduce = []
-    for nbytes in sizes:
-        calls = 2 if args.quick else max(2, min(100, BYTES_PER_ROUND // nbytes))
-        samples = timed_rounds(comm, allreduce_runs(nbytes, ours, comm), calls, rounds)
-        allreduce.append({"bytes": nbytes, **summarize(samples)})
+    with background_load(args.background_load if comm.Get_rank() == 0 else 0):
+        comm.Barrier()  # every rank measures under the load
+        load_before = os.getloadavg()
+        allreduce = []
+        for nbytes in sizes:
+            calls = 2 if args.quick else max(2, min(100, BYTES_PER_ROUND // nbytes))
+            samples = timed_rounds(comm, allreduce_runs(nbytes, ours, comm), calls, rounds)
+            allreduce.append({"bytes": nbytes, **summarize(samples)})
 
-    sync_dist = summarize(timed_rounds(comm, sync_dist_runs(ours, comm.Get_size()), 2 if args.quick else 20, rounds))
+        sync_dist_samples = timed_rounds(comm, sync_dist_runs(ours, comm.Get_size()), 2 if args.quick else 20, rounds)
+        sync_dist = summarize(sync_dist_samples)
 
-    hidden = 64 if args.quick else args.ddp_hidden
-    ddp_runs, parameter_bytes = ddp_step_runs(hidden, args.ddp_batch, ours)
-    ddp = summarize(timed_rounds(comm, ddp_runs, 2 if args.quick else args.ddp_steps, rounds))
-    del ddp_runs  # gloo hangs at exit if DDP's reducer outlives its process group
-    load_after = os.getloadavg()
+        hidden = 64 if args.quick else args.ddp_hidden
+        ddp_runs, parameter_bytes = ddp_step_runs(hidden, args.ddp_batch, ours)
+        ddp = summarize(timed_rounds(comm, ddp_runs, 2 if args.quick else args.ddp_steps, rounds))
+        del ddp_runs  # gloo hangs at exit if DDP's reducer outlives its process group
+        load_after = os.getloadavg()
 
     if comm.Get_rank() == 0:
         print(
             f"{comm.Get_size()} ranks, {os.cpu_count()} CPUs, {torch.get_num_threads()} torch thread(s) per rank, "
             f"torch {torch.__version__}, {MPI.Get_library_version().splitlines()[0]}; load average (1, 5, 15 min) "
-            f"{_loads(load_before)} before, {_loads(load_after)} after"
+            f"{_loads(load_before)} before, {_loads(load_after)} after; {args.background_load} busy-looping background "
+            "process(es)"
         )
         report_allreduce(allreduce)
         report_steps(
@@ -268,6 +303,7 @@ def main() -> None:
             results = {
                 "load_average_before": load_before,
                 "load_average_after": load_after,
+                "background_load_processes": args.background_load,
                 "allreduce": allreduce,
                 "sync_dist_step": sync_dist,
                 "sync_dist_metrics": SYNC_DIST_METRICS,

@@ -8,6 +8,7 @@ without torch's Python wrapper; raw ``comm.Allreduce`` on the same memory. Media
 
 from __future__ import annotations
 
+import collections
 import os
 
 import torch
@@ -24,12 +25,19 @@ RAW = "raw, same memory"
 SIZES = (4 << 10, 64 << 10, 1 << 20)
 
 
+class _NoDirectTargets(dict):
+    """A group's cache of direct allreduce targets that has none: every (op, dtype) takes the general path."""
+
+    def __missing__(self, op_code: int) -> collections.defaultdict:
+        return collections.defaultdict(lambda: None)
+
+
 def main() -> None:
     comm = bench.MPI.COMM_WORLD
     torch.set_num_threads(1)
     ours = bench.init_groups(comm)
     general = dist.new_group(backend=bench.mpi.BACKEND_NAME)
-    general._direct_allreduce_target = lambda tensor, op: None  # every call takes the general path
+    general._direct_targets = _NoDirectTargets()
     options = dist.AllreduceOptions()
     options.asyncOp = False
     load_before = os.getloadavg()

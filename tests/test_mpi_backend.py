@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from helpers import REPO, free_port, job_environment, needs_mpi, openmpi_run
+from helpers import REPO, free_port, job_environment, needs_mpi, openmpi_run, processes_mentioning
 from jobs.sockets import listening_tcp_ports
 from lightning_dist_hooks import mpi
 
@@ -72,6 +72,17 @@ print(repr(dist.Backend("mpi4py")), "mpi4py" in dist.Backend.backend_list, "mpi"
     )
     assert completed.returncode == 0, completed.stderr
     assert completed.stdout.split() == ["False", "False", "'mpi4py'", "True", "True", "mpi://", "mpi4py", "False"]
+
+
+def test_a_reduce_op_hashes_to_its_op_code() -> None:
+    # The blocking allreduce looks up its MPI reduction by hash(opts.reduceOp): distinct ops need distinct hashes.
+    dist = torch.distributed
+    ops = [op for name, op in dist.ReduceOp.RedOpType.__members__.items() if name != "PREMUL_SUM"]
+    for op in [*ops, dist._make_nccl_premul_sum(2.0)]:  # PREMUL_SUM exists only with its factor
+        options = dist.AllreduceOptions()
+        options.reduceOp = op
+        assert hash(options.reduceOp) == options.reduceOp.op.value
+    assert len(ops) + 1 == len(dist.ReduceOp.RedOpType.__members__)
 
 
 def test_missing_mpi4py_names_the_install_command(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -241,8 +252,12 @@ def test_lightning_trainer_fits_on_the_mpi4py_backend(tmp_path: Path) -> None:
 @needs_mpi
 def test_benchmark_quick_run(tmp_path: Path) -> None:
     results_file = tmp_path / "results.json"
-    completed = run_mpi(REPO / "benchmarks" / "mpi_allreduce.py", "--quick", "--json", str(results_file))
+    completed = run_mpi(
+        REPO / "benchmarks" / "mpi_allreduce.py", "--quick", "--background-load", "1", "--json", str(results_file)
+    )
     assert completed.returncode == 0, completed.stdout[-8000:]
+    assert not processes_mentioning("mpi_allreduce.py --background-load spinner")
+    assert "1 busy-looping background process(es)" in completed.stdout
     assert "DDP training step" in completed.stdout
     results = json.loads(results_file.read_text())
     assert [row["bytes"] for row in results["allreduce"]] == [4 << 10, 64 << 10]
@@ -255,4 +270,5 @@ def test_benchmark_quick_run(tmp_path: Path) -> None:
         for name, (first_quartile, third_quartile) in row["iqr_seconds"].items():
             assert 0 < first_quartile <= row["median_seconds"][name] <= third_quartile
     assert len(results["load_average_before"]) == len(results["load_average_after"]) == 3
+    assert results["background_load_processes"] == 1
     assert "Lightning's sync_dist pattern" in completed.stdout

@@ -22,6 +22,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from datetime import timedelta
+from functools import partial
 from types import ModuleType
 from typing import TYPE_CHECKING, NamedTuple
 
@@ -64,12 +65,34 @@ class Deadline(NamedTuple):
     group: str
 
 
-class CompletedWork(dist.Work):
-    """The ``Work`` of an operation that ran to completion before the collective call returned."""
+class GroupWatch(NamedTuple):
+    """What the watchdog needs to know of a process group to time and name its operations."""
 
-    def __init__(self, outputs: list[torch.Tensor]) -> None:
-        super().__init__()
-        self._outputs = outputs
+    timeout: timedelta
+    group: str
+
+
+# A blocking call in progress: ``(started_at, watch, describe, *describe_args)``, where ``started_at`` is
+# ``time.monotonic()``. A plain tuple, since it is built on every blocking call's path; the watchdog turns it into
+# a ``Deadline`` (``deadline_of``) only when it checks it.
+BlockingCall = tuple
+
+
+def deadline_of(call: BlockingCall) -> Deadline:
+    started_at, watch, describe, *describe_args = call
+    return Deadline(
+        started_at + watch.timeout.total_seconds(), watch.timeout, partial(describe, *describe_args), watch.group
+    )
+
+
+class CompletedWork(dist.Work):
+    """The ``Work`` of an operation that ran to completion before the collective call returned.
+
+    Built by :func:`completed_work` on every blocking collective's path: slots and no Python ``__init__`` make it
+    cheaper than a work that sets its outputs in ``__init__``.
+    """
+
+    __slots__ = ("_outputs",)
 
     def wait(self, timeout: timedelta = timedelta(0)) -> bool:
         return True
@@ -90,6 +113,12 @@ class CompletedWork(dist.Work):
 
     def result(self) -> list[torch.Tensor]:
         return self._outputs
+
+
+def completed_work(outputs: list[torch.Tensor]) -> CompletedWork:
+    work = CompletedWork()
+    work._outputs = outputs
+    return work
 
 
 class MpiWork(dist.Work):
@@ -210,26 +239,26 @@ class ProgressEngine:
         self._state = threading.Condition()
         self._posted: dict[int, MpiWork] = {}  # posted and not completed; guarded by _state
         # Blocking calls in progress, by thread. Plain dict updates (atomic under the GIL) keep them cheap.
-        self._blocking: dict[int, Deadline] = {}
+        self._blocking: dict[int, BlockingCall] = {}
         self._stopping = False
         self._thread = threading.Thread(target=self._run, name="mpi4py-progress", daemon=True)
         self._thread.start()
         # Python's atexit handlers run before mpi4py finalises MPI: no MPI call may follow MPI_Finalize.
         atexit.register(self.stop)
 
-    def run_blocking(self, comm: MPI.Comm, calls: Sequence[MpiCall], deadline: Deadline) -> None:
+    def run_blocking(self, comm: MPI.Comm, calls: Sequence[MpiCall], blocking_call: BlockingCall) -> None:
         """Run ``calls`` to completion on the calling thread, under the watchdog."""
         for call in calls:
-            self.call_blocking(getattr(comm, call.method), call.args, deadline)
+            self.call_blocking(blocking_call, getattr(comm, call.method), *call.args)
 
-    def call_blocking(self, function: Callable[..., object], args: tuple, deadline: Deadline) -> None:
-        """Call the blocking MPI ``function(*args)`` on the calling thread, under the watchdog."""
+    def call_blocking(self, blocking_call: BlockingCall, function: Callable[..., object], *args: object) -> None:
+        """Call the blocking MPI ``function(*args)`` on the calling thread, watched as ``blocking_call``."""
         thread = threading.get_ident()
-        self._blocking[thread] = deadline
+        self._blocking[thread] = blocking_call
         try:
             function(*args)
         except self._mpi.Exception as error:
-            self._abort_failed(deadline, error)
+            self._abort_failed(deadline_of(blocking_call), error)
         finally:
             del self._blocking[thread]
 
@@ -299,7 +328,8 @@ class ProgressEngine:
 
     def _abort_if_overdue(self) -> None:
         now = time.monotonic()
-        deadlines = [work.deadline for work in self._posted.values()] + list(self._blocking.values())
+        deadlines = [work.deadline for work in self._posted.values()]
+        deadlines += [deadline_of(call) for call in list(self._blocking.values())]  # list(): one atomic copy
         for deadline in deadlines:
             if now > deadline.at:
                 self._abort_overdue(deadline)

@@ -16,7 +16,7 @@ from torch._C._distributed_c10d import AllgatherOptions  # not re-exported by to
 from torch.distributed import ReduceOp
 
 from ._buffers import bytes_in_pieces, bytes_of, copy_back, require_cpu_tensor, staged_copy, staged_output, values_of
-from ._engine import CompletedWork, Deadline, MpiCall, MpiWork, ProgressEngine
+from ._engine import Deadline, GroupWatch, MpiCall, MpiWork, ProgressEngine, completed_work
 from ._mpi import init_mpi
 from ._reductions import Reduction, reduction_for
 
@@ -117,7 +117,7 @@ class _DirectTarget(NamedTuple):
     finish: Callable[[torch.Tensor], object] | None  # AVG's division
 
 
-def _direct_target(mpi: ModuleType, op: ReduceOp.RedOpType, dtype: torch.dtype, size: int) -> _DirectTarget | None:
+def _direct_target(mpi: ModuleType, op: ReduceOp, dtype: torch.dtype, size: int) -> _DirectTarget | None:
     try:
         reduction = reduction_for(mpi, op, dtype, size)
     except (TypeError, ValueError):  # the general path raises them with the operation's name
@@ -131,8 +131,8 @@ def _describe_barrier() -> str:
     return "barrier"
 
 
-def _describe_allreduce(op: ReduceOp.RedOpType, tensors: Sequence[torch.Tensor]) -> str:
-    return f"allreduce({op.name}) of {_describe(tensors)}"
+def _describe_allreduce(op: ReduceOp, tensors: Sequence[torch.Tensor]) -> str:
+    return f"allreduce({op.op.name}) of {_describe(tensors)}"
 
 
 def _row_bytes(tensor: torch.Tensor) -> int:
@@ -157,8 +157,9 @@ class MpiProcessGroup(dist.ProcessGroup):
         self._timeout = timeout
         self._timeout_s = timeout.total_seconds()
         self._description = description
-        # Per (op, dtype): what dist.all_reduce(t) on a contiguous tensor passes to MPI (None: not in place).
-        self._direct_targets: dict[tuple[ReduceOp.RedOpType, torch.dtype], _DirectTarget | None] = {}
+        self._watch = GroupWatch(timeout, description)
+        # Per op code, then dtype: what dist.all_reduce(t) on a contiguous tensor passes to MPI (None: not in place).
+        self._direct_targets: dict[int, dict[torch.dtype, _DirectTarget | None]] = {}
         self._group_name = ""  # torch sets both right after creation
         self._group_description = ""
 
@@ -192,13 +193,30 @@ class MpiProcessGroup(dist.ProcessGroup):
 
     def allreduce(self, tensors: list[torch.Tensor], opts: dist.AllreduceOptions | None = None) -> dist.Work:
         opts = opts or dist.AllreduceOptions()
-        if not opts.asyncOp and len(tensors) == 1:  # dist.all_reduce(t): metrics, sync_dist, small and frequent
-            op = opts.reduceOp.op  # a C++ property that builds a ReduceOp: read once
-            direct = self._direct_allreduce_target(tensors[0], op)
-            if direct is not None:
-                return self._allreduce_in_place(tensors, direct, op)
+        # dist.all_reduce(t) of metrics, sync_dist: small and frequent, so every line here costs. A contiguous tensor
+        # whose (op, dtype) MPI reduces as is goes straight to the blocking MPI call, under the watchdog.
+        if not opts.asyncOp and len(tensors) == 1:
+            reduce_op = opts.reduceOp  # a C++ property that builds a new ReduceOp: read once
+            tensor = tensors[0]
+            # A ReduceOp hashes to its RedOpType's value: the cheapest key. Comparing ReduceOp or RedOpType objects
+            # (a dict keyed by them does) costs about 0.5 us per comparison.
+            op_code = hash(reduce_op)
+            try:
+                target = self._direct_targets[op_code][tensor.dtype]
+            except KeyError:
+                target = self._add_direct_target(op_code, reduce_op, tensor.dtype)
+            if target is not None and tensor.is_cpu and tensor.layout is torch.strided and tensor.is_contiguous():
+                mpi_type, mpi_op, finish = target
+                memory = self._mpi.buffer.fromaddress(tensor.data_ptr(), tensor.nbytes)
+                self._engine.call_blocking(
+                    (time.monotonic(), self._watch, _describe_allreduce, reduce_op, tensors),
+                    self._comm.Allreduce, self._mpi.IN_PLACE, [memory, tensor.numel(), mpi_type], mpi_op,
+                )
+                if finish is not None:
+                    finish(tensor)
+                return completed_work(tensors)
         parts = [self._allreduce_part(tensor, opts.reduceOp) for tensor in tensors]
-        return self._run(partial(_describe_allreduce, opts.reduceOp.op, tensors), tensors, parts, opts)
+        return self._run(partial(_describe_allreduce, opts.reduceOp, tensors), tensors, parts, opts)
 
     def allreduce_coalesced(
         self, tensors: list[torch.Tensor], opts: dist.AllreduceCoalescedOptions | None = None
@@ -380,9 +398,8 @@ class MpiProcessGroup(dist.ProcessGroup):
 
     def barrier(self, opts: dist.BarrierOptions | None = None) -> dist.Work:
         if opts is not None and not opts.asyncOp:  # dist.barrier(): Lightning's sync_dist runs one per metric
-            deadline = Deadline(time.monotonic() + self._timeout_s, self._timeout, _describe_barrier, self._description)
-            self._engine.call_blocking(self._comm.Barrier, (), deadline)
-            return CompletedWork([])
+            self._engine.call_blocking((time.monotonic(), self._watch, _describe_barrier), self._comm.Barrier)
+            return completed_work([])
         return self._run(_describe_barrier, [], [_Part(MpiCall("Barrier", (), ()))], opts)
 
     # --- point to point (always non-blocking: blocking sends could deadlock send/send pairs) ---------------
@@ -415,7 +432,6 @@ class MpiProcessGroup(dist.ProcessGroup):
         *,
         wants_source: bool = False,
     ) -> dist.Work:
-        deadline = Deadline(time.monotonic() + self._timeout_s, self._timeout, describe, self._description)
         if len(parts) == 1:  # the common case, kept cheap
             calls, finish = [parts[0].call], parts[0].finish
         else:
@@ -423,42 +439,21 @@ class MpiProcessGroup(dist.ProcessGroup):
         # ``asyncOp`` is False only when torch.distributed's Python API waits right after the call; C++ callers
         # (DDP's reducer) and async_op=True leave it True.
         if opts is not None and not opts.asyncOp:
-            self._engine.run_blocking(self._comm, calls, deadline)
+            self._engine.run_blocking(self._comm, calls, (time.monotonic(), self._watch, describe))
             if finish is not None:
                 finish()
-            return CompletedWork(outputs)
+            return completed_work(outputs)
+        deadline = Deadline(time.monotonic() + self._timeout_s, self._timeout, describe, self._description)
         work = MpiWork(self._engine, outputs, deadline, finish)
         if wants_source:
             work.want_source(self._mpi)
         self._engine.post(work, self._comm, calls)
         return work
 
-    def _direct_allreduce_target(self, tensor: torch.Tensor, op: ReduceOp.RedOpType) -> _DirectTarget | None:
-        """How to reduce ``tensor`` in place as is, or None when it needs staging (see ``_direct_target``)."""
-        key = (op, tensor.dtype)
-        try:
-            target = self._direct_targets[key]
-        except KeyError:
-            target = self._direct_targets[key] = _direct_target(self._mpi, op, tensor.dtype, self._size)
-        if target is None or not (tensor.is_cpu and tensor.layout is torch.strided and tensor.is_contiguous()):
-            return None
+    def _add_direct_target(self, op_code: int, reduce_op: ReduceOp, dtype: torch.dtype) -> _DirectTarget | None:
+        target = _direct_target(self._mpi, reduce_op, dtype, self._size)
+        self._direct_targets.setdefault(op_code, {})[dtype] = target
         return target
-
-    def _allreduce_in_place(
-        self, tensors: list[torch.Tensor], target: _DirectTarget, op: ReduceOp.RedOpType
-    ) -> CompletedWork:
-        """The blocking allreduce of one contiguous tensor, without staging: the raw MPI call plus the watchdog."""
-        (tensor,) = tensors
-        count = tensor.numel()
-        memory = self._mpi.buffer.fromaddress(tensor.data_ptr(), count * tensor.element_size())
-        describe = partial(_describe_allreduce, op, tensors)
-        deadline = Deadline(time.monotonic() + self._timeout_s, self._timeout, describe, self._description)
-        self._engine.call_blocking(
-            self._comm.Allreduce, (self._mpi.IN_PLACE, [memory, count, target.mpi_type], target.mpi_op), deadline
-        )
-        if target.finish is not None:
-            target.finish(tensor)
-        return CompletedWork(tensors)
 
     def _allreduce_part(self, tensor: torch.Tensor, op: ReduceOp) -> _Part:
         require_cpu_tensor(tensor, "allreduce")
