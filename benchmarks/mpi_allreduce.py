@@ -41,6 +41,11 @@ BYTES_PER_ROUND = 8 << 20  # each round moves about this much per implementation
 OURS, GLOO, RAW, RAW_SAME_MEMORY = "mpi4py backend", "gloo", "raw mpi4py", "raw, torch memory"
 
 
+def _mpi_library() -> str:
+    """The MPI library's first version line (Open MPI ends its string with a NUL, which would make the text binary)."""
+    return MPI.Get_library_version().replace("\0", "").splitlines()[0]
+
+
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="tiny sizes and few steps: checks the benchmark runs")
@@ -153,9 +158,9 @@ def allreduce_runs(nbytes: int, ours: dist.ProcessGroup, comm) -> dict[str, Call
     ours_tensor = torch.ones(elements)
     gloo_tensor = torch.ones(elements)
     raw_array = np.ones(elements, dtype=np.float32)
-    # Raw MPI on memory torch allocated, as ours uses: the ratio to it is the backend's own cost. (The numpy
-    # column was once thought faster for its huge pages; a direct test did not confirm it, see the README.)
-    same_memory_array = torch.ones(elements).numpy()
+    # Raw MPI on the very memory ours reduces (the tensor's own buffer), so that the ratio to it is the backend's own
+    # cost and nothing of where a second allocation lands. (The numpy column is raw MPI on numpy's own allocation.)
+    same_memory_array = ours_tensor.numpy()
     return {
         OURS: lambda: dist.all_reduce(ours_tensor, group=ours),
         GLOO: lambda: dist.all_reduce(gloo_tensor),
@@ -236,7 +241,7 @@ def _ratio_with_iqr(row: dict, name: str) -> str:
 def report_allreduce(results: list[dict]) -> None:
     print(
         f"\nallreduce (float32, in place, SUM). {OURS} and {GLOO}: dist.all_reduce(torch tensor); {RAW}: "
-        f"comm.Allreduce(IN_PLACE, numpy array); {RAW_SAME_MEMORY}: the same on a torch tensor's memory."
+        f"comm.Allreduce(IN_PLACE, numpy array); {RAW_SAME_MEMORY}: the same on the memory of the tensor ours reduces."
     )
     print("Median time per call [interquartile range]; ours/x: median [IQR] of per-round ratios of x's time to ours")
     names = (OURS, GLOO, RAW, RAW_SAME_MEMORY)
@@ -285,7 +290,7 @@ def main() -> None:
     if comm.Get_rank() == 0:
         print(
             f"{comm.Get_size()} ranks, {os.cpu_count()} CPUs, {torch.get_num_threads()} torch thread(s) per rank, "
-            f"torch {torch.__version__}, {MPI.Get_library_version().splitlines()[0]}; load average (1, 5, 15 min) "
+            f"torch {torch.__version__}, {_mpi_library()}; load average (1, 5, 15 min) "
             f"{_loads(load_before)} before, {_loads(load_after)} after; {args.background_load} busy-looping background "
             "process(es)"
         )
