@@ -19,13 +19,22 @@ from __future__ import annotations
 import os
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import timedelta
 
 from lightning_dist_hooks.progress import MissingRanks
 
 EXIT_CODE = 1
+
+
+def print_to_stderr(message: str) -> None:
+    sys.stderr.write(message + "\n")
+    sys.stderr.flush()
+
+
+# What a stuck rank does with the message before it ends; the doctor replaces it to report its findings with it.
+report_stuck: Callable[[str], None] = print_to_stderr
 
 
 def grace_s(timeout: timedelta) -> float:
@@ -67,9 +76,10 @@ def rendezvous_deadline(rank: int, world_size: int, init_method: str, timeout: t
             who = missing()
         except Exception:  # the rendezvous's own state may be what is broken: the message goes out regardless
             who = None
-        sys.stderr.write(stuck_message(rank, world_size, init_method, timeout, who) + "\n")
-        sys.stderr.flush()
-        os._exit(EXIT_CODE)
+        try:
+            report_stuck(stuck_message(rank, world_size, init_method, timeout, who))
+        finally:
+            os._exit(EXIT_CODE)
 
     timer = threading.Timer(timeout.total_seconds() + grace_s(timeout), end_process)
     timer.daemon = True

@@ -12,6 +12,7 @@ import json
 import os
 import pwd
 import shutil
+import socket
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -174,6 +175,24 @@ def test_main_port_in_use_gives_its_verdict_although_the_rendezvous_fails(tmp_pa
             f"held by {os.getpid()} (") in run.stdout
     assert "fix: choose a free port (MASTER_PORT=..., or tcp://HOST:FREE_PORT), or stop what holds it" in run.stdout
     assert "FAIL  rendezvous: DistributedSetupError: " in run.stdout and "EADDRINUSE" in run.stdout
+
+
+def test_a_rank_stuck_inside_torch_past_the_timeout_reports_its_findings_and_exits(tmp_path):
+    # Rank 1 of a Flux job whose rank 0's port is held by a process that never accepts: torch 2.13's TCPStore client
+    # waits there forever, whatever the timeout.
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(0)
+        port = listener.getsockname()[1]
+        env = job_environment(FLUX_TASK_RANK="1", FLUX_TASK_LOCAL_ID="1", FLUX_JOB_SIZE="2", FLUX_JOB_NNODES="1",
+                              FLUX_JOB_ID="f2stuck", PMI_RANK="1", PMI_SIZE="2")
+        run = run_doctor("--init-method", f"tcp://127.0.0.1:{port}", cwd=tmp_path, env=env,
+                         timeout_s=FAILING_TIMEOUT_S)
+    assert run.returncode == 1, run.output[-6000:]
+    assert "lightning-dist-hooks doctor: rank 1 of 2" in run.stdout, run.output[-6000:]
+    assert (f"FAIL  rendezvous: TimeoutError: [lightning_dist_hooks] rank 1 of 2: the rendezvous through "
+            f"tcp://127.0.0.1:{port} has not returned 10 s after its {FAILING_TIMEOUT_S} s timeout: it is stuck "
+            "inside torch") in run.stdout, run.output[-6000:]
 
 
 def test_mpi4py_missing_for_the_mpi_backend(tmp_path):

@@ -22,6 +22,7 @@ import socket
 import sys
 import threading
 from datetime import timedelta
+from functools import partial
 from pathlib import Path
 from typing import Any, Optional
 from urllib.parse import urlsplit
@@ -30,7 +31,7 @@ import torch
 import torch.distributed as dist
 from torch.utils.data import DataLoader
 
-from lightning_dist_hooks import mpi, progress
+from lightning_dist_hooks import mpi, progress, rendezvous_deadline
 from lightning_dist_hooks._lightning_internals import PYTORCH_LIGHTNING
 from lightning_dist_hooks._pytorch_lightning import LightningModule, Trainer
 from lightning_dist_hooks.backends import available_backends
@@ -222,6 +223,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         logging.getLogger(name).setLevel(logging.WARNING)  # the table, not Lightning's banners
     progress.schedule = LIVE_LINE_SCHEDULE
     checkup = Checkup(args)
+    rendezvous_deadline.report_stuck = partial(_report_stuck, checkup)
     checkup.check_before_trainer()
     deadline = threading.Timer(args.timeout + DEADLINE_GRACE_S, _give_up, args=(checkup, args.timeout))
     deadline.daemon = True
@@ -245,6 +247,14 @@ def main(argv: Optional[list[str]] = None) -> int:
         if checkup.token is not None:
             checkup.token.unlink(missing_ok=True)
     return checkup.exit_code if checkup.exit_code is not None else 1
+
+
+def _report_stuck(checkup: Checkup, message: str) -> None:
+    # The rendezvous is stuck inside torch past its timeout, and the process ends after this: report this rank's
+    # findings with the reason first.
+    checkup.report_failure(TimeoutError(message))
+    if checkup.token is not None:
+        checkup.token.unlink(missing_ok=True)
 
 
 def _give_up(checkup: Checkup, timeout_s: float) -> None:
