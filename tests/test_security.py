@@ -510,6 +510,41 @@ def test_a_rank_joins_while_the_makers_draft_name_still_links_the_file(tmp_path)
         FileInitMethod().prepare(f"file://{tmp_path}/rdzv", Rank(1))
 
 
+def _prepare_together(url: str, rank: int, world_size: int, start, results) -> None:
+    start.wait(timeout=60)
+    try:
+        rendezvous = FileInitMethod().prepare(url, Rank(rank, world_size))
+    except RuntimeError as error:
+        results.put(str(error))
+        start.abort()  # the others stop waiting for this rank
+        return
+    results.put(None)
+    try:
+        start.wait(timeout=60)  # every rank has joined before any removes the file
+    finally:
+        FileInitMethod().finish(rendezvous)
+
+
+def test_ranks_arriving_at_the_same_moment_all_join_the_one_file(tmp_path):
+    # Makers and joiners racing, many times over: a joiner must always find the maker's claim whole.
+    import multiprocessing
+
+    context = multiprocessing.get_context("fork")
+    world_size, rounds = 4, 40
+    for round_ in range(rounds):
+        url = f"file://{tmp_path}/rdzv{round_}"
+        start, results = context.Barrier(world_size), context.Queue()
+        ranks = [context.Process(target=_prepare_together, args=(url, rank, world_size, start, results))
+                 for rank in range(world_size)]
+        for process in ranks:
+            process.start()
+        errors = [results.get(timeout=60) for _ in ranks]
+        for process in ranks:
+            process.join(timeout=60)
+        assert errors == [None] * world_size, f"round {round_}: {errors}"
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_finish_removes_each_file_on_its_own_and_reports_what_it_could_not(tmp_path, caplog):
     rendezvous = FileInitMethod().prepare(f"file://{tmp_path}/rdzv", Rank(0))
     rendezvous.file.unlink()

@@ -177,7 +177,6 @@ class FileInitMethod(InitMethod):
                 file_fd = _create_or_join(url, rendezvous, rank, cluster_environment.world_size(), claim_fd)
                 try:
                     rendezvous.own(path.name, file_fd)
-                    _record_identity(claim_fd, os.fstat(file_fd))
                 finally:
                     os.close(file_fd)
             finally:
@@ -279,8 +278,10 @@ def _identity(status: os.stat_result) -> tuple[int, int]:
 
 
 def _record_identity(claim_fd: int, file: os.stat_result) -> None:
-    os.ftruncate(claim_fd, 0)
-    os.pwrite(claim_fd, f"{file.st_dev} {file.st_ino}\n".encode(), 0)
+    # Written over the old record, then cut to length: a reader never finds the claim empty in between.
+    record = f"{file.st_dev} {file.st_ino}\n".encode()
+    os.pwrite(claim_fd, record, 0)
+    os.ftruncate(claim_fd, len(record))
 
 
 def _claimed_identity(rendezvous: FileRendezvous, claim_name: str) -> Optional[tuple[int, int]]:
@@ -321,7 +322,11 @@ def _take_over_stale_claim(url: str, rendezvous: FileRendezvous, rank: int) -> i
 
 
 def _create_or_join(url: str, rendezvous: FileRendezvous, rank: int, world_size: int, claim_fd: int) -> int:
-    """Make the rendezvous file (recorded in this rank's claim before it appears), or join the one a peer made."""
+    """Make the rendezvous file, or join the one a peer made; either way this rank's claim records it after.
+
+    The maker's claim is written once, before the file appears, and never again: peers joining at any moment
+    must find it whole.
+    """
     name, directory_fd = rendezvous.file.name, rendezvous.directory_fd
     draft = _draft_name(name, rank)
     try:
@@ -342,7 +347,9 @@ def _create_or_join(url: str, rendezvous: FileRendezvous, rank: int, world_size:
     if created:
         return draft_fd
     os.close(draft_fd)
-    return _join_existing(url, rendezvous, world_size)
+    descriptor = _join_existing(url, rendezvous, world_size)
+    _record_identity(claim_fd, os.fstat(descriptor))
+    return descriptor
 
 
 def _join_existing(url: str, rendezvous: FileRendezvous, world_size: int) -> int:
@@ -357,11 +364,12 @@ def _join_existing(url: str, rendezvous: FileRendezvous, world_size: int) -> int
         ) from None
     try:
         status = os.fstat(descriptor)
-        maker = _rank_recording(rendezvous, world_size, _identity(status))
+        recorded_by = _rank_recording(rendezvous, world_size, _identity(status))
         links = 1
-        if maker is not None and status.st_nlink == 2:
-            # Until its maker removes the draft name, the file has that second link, and only that one.
-            if _is_draft_of(rendezvous, maker, status):
+        if recorded_by is not None and status.st_nlink == 2:
+            # Until its maker removes the draft name, the file has that second link, and only that one. (The claim
+            # found first may be a joiner's, so which rank made the file is not known: any rank's draft name may be.)
+            if any(_is_draft_of(rendezvous, rank, status) for rank in range(world_size)):
                 links = 2
             else:  # the maker removed the draft name since the fstat above: look again
                 status = os.fstat(descriptor)
@@ -369,7 +377,7 @@ def _join_existing(url: str, rendezvous: FileRendezvous, world_size: int) -> int
         if problem is None:
             log_problem = _filestore_log_problem(descriptor)
             problem = None if log_problem is None else f"{rendezvous.file} {log_problem}"
-        if problem is None and maker is None:
+        if problem is None and recorded_by is None:
             problem = _made_by_no_rank(rendezvous.file, world_size)
     except BaseException:
         os.close(descriptor)
