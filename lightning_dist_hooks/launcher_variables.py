@@ -107,11 +107,11 @@ PALS = LauncherVariables(
 # The launchers whose processes MPI itself numbers, in the order the MPI transport looks for them.
 MPI_LAUNCHERS = (OPEN_MPI, HYDRA, MVAPICH2)
 
-# The rank variable each MPI launcher sets for the processes it starts, ours above or not (Open MPI, PMIx's prun,
-# PMI-1/2 launchers such as MPICH's and Intel MPI's Hydra, MVAPICH2, Cray PALS and ALPS): a process with none of
-# them was not started by one. Rank variables only: OMPI_MCA_*, MV2_*, I_MPI_* are also users' own settings.
-MPI_RANK_VARIABLES = frozenset({"OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK", "MPI_LOCALRANKID",
-                                "MV2_COMM_WORLD_RANK", "PALS_RANKID", "ALPS_APP_PE"})
+# The rank variable each MPI launcher sets for the processes it starts, ours above (Open MPI, MPICH's and Intel
+# MPI's Hydra, MVAPICH2, Cray PALS) and others (PMIx's prun, Cray ALPS): a process with none of them was not
+# started by one. Rank variables only: OMPI_MCA_*, MV2_*, I_MPI_* are also users' own settings.
+MPI_RANK_VARIABLES = frozenset({*(launcher.rank for launcher in (*MPI_LAUNCHERS, PALS)), HYDRA.local_rank,
+                                "PMIX_RANK", "ALPS_APP_PE"})
 
 # What a launcher sets that a job started from inside it must not inherit, or that job would take the outer
 # launcher's ranks (or an earlier launch's identity) for its own: every family above and Lightning's (SLURM, LSF's

@@ -250,8 +250,8 @@ def main(argv: Optional[list[str]] = None) -> int:
 
 
 def _report_stuck(checkup: Checkup, message: str) -> None:
-    # The rendezvous is stuck inside torch past its timeout, and the process ends after this: report this rank's
-    # findings with the reason first.
+    # This rank is stuck (in the rendezvous inside torch, or in any wait past --timeout) and the process ends right
+    # after this: report its findings with the reason first.
     checkup.report_failure(TimeoutError(message))
     if checkup.token is not None:
         checkup.token.unlink(missing_ok=True)
@@ -260,11 +260,8 @@ def _report_stuck(checkup: Checkup, message: str) -> None:
 def _give_up(checkup: Checkup, timeout_s: float) -> None:
     # Some waits have no timeout of their own: torch's TCPStore client waits forever on a port whose holder
     # accepts connections but never answers (a port in use by another program).
-    checkup.report_failure(TimeoutError(
-        f"no result {timeout_s + DEADLINE_GRACE_S:g} s after start (--timeout {timeout_s:g} s plus "
-        f"{DEADLINE_GRACE_S:g} s): this rank is stuck in a wait without a timeout of its own"))
-    if checkup.token is not None:
-        checkup.token.unlink(missing_ok=True)
+    _report_stuck(checkup, f"no result {timeout_s + DEADLINE_GRACE_S:g} s after start (--timeout {timeout_s:g} s "
+                           f"plus {DEADLINE_GRACE_S:g} s): this rank is stuck in a wait without a timeout of its own")
     os._exit(1)
 
 

@@ -16,7 +16,7 @@ from torch._C._distributed_c10d import AllgatherOptions  # not re-exported by to
 from torch.distributed import ReduceOp
 
 from ._buffers import bytes_in_pieces, bytes_of, copy_back, require_cpu_tensor, staged_copy, staged_output, values_of
-from ._engine import Deadline, GroupWatch, MpiCall, MpiWork, ProgressEngine, completed_work
+from ._engine import GroupWatch, MpiCall, MpiWork, ProgressEngine, completed_work, deadline_of
 from ._mpi import init_mpi
 from ._reductions import Reduction, reduction_for
 
@@ -154,8 +154,6 @@ class MpiProcessGroup(dist.ProcessGroup):
         self._mpi = mpi
         self._comm = comm
         self._engine = engine
-        self._timeout = timeout
-        self._timeout_s = timeout.total_seconds()
         self._description = description
         self._watch = GroupWatch(timeout, description)
         # Per op code, then dtype: what dist.all_reduce(t) on a contiguous tensor passes to MPI (None: not in place).
@@ -443,7 +441,7 @@ class MpiProcessGroup(dist.ProcessGroup):
             if finish is not None:
                 finish()
             return completed_work(outputs)
-        deadline = Deadline(time.monotonic() + self._timeout_s, self._timeout, describe, self._description)
+        deadline = deadline_of((time.monotonic(), self._watch, describe))
         work = MpiWork(self._engine, outputs, deadline, finish)
         if wants_source:
             work.want_source(self._mpi)
