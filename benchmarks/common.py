@@ -11,7 +11,6 @@ import statistics
 import subprocess
 import sys
 import time
-from contextlib import ExitStack
 from pathlib import Path
 from types import ModuleType
 from typing import Callable, Optional
@@ -44,12 +43,26 @@ def job_environment(**overrides: str) -> dict[str, str]:
 
 
 def free_ports(count: int) -> list[int]:
-    """``count`` distinct loopback ports that were free a moment ago (all held at once, so no duplicates)."""
-    with ExitStack() as stack:
-        sockets = [stack.enter_context(socket.socket()) for _ in range(count)]
-        for sock in sockets:
-            sock.bind(("127.0.0.1", 0))
-        return [sock.getsockname()[1] for sock in sockets]
+    """``count`` distinct loopback ports, free now and outside the kernel's ephemeral range.
+
+    The step benchmark picks every fit's port at the start and uses the last one minutes later. A port inside the
+    ephemeral range can meanwhile be handed to any outgoing connection or ``bind(0)`` (gloo's own among them),
+    and Lightning's ``env://`` then fails with EADDRINUSE; outside that range only an explicit bind can take it.
+    """
+    first_ephemeral = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    candidates = list(range(max(1024, first_ephemeral - 20000), first_ephemeral))
+    random.shuffle(candidates)  # two benchmarks started together rarely probe the same ports
+    ports = []
+    for port in candidates:
+        with socket.socket() as probe:
+            try:
+                probe.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        ports.append(port)
+        if len(ports) == count:
+            return ports
+    raise RuntimeError(f"fewer than {count} free loopback ports below the ephemeral range ({first_ephemeral})")
 
 
 def start(command: list[str], env: dict[str, str], log: Path) -> subprocess.Popen:

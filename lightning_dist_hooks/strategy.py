@@ -17,6 +17,7 @@ import torch.distributed
 from lightning_dist_hooks import _lightning_internals
 from lightning_dist_hooks.backends import check_backend_fits_devices, register_if_mpi4py
 from lightning_dist_hooks.config import ProcessGroupConfig
+from lightning_dist_hooks.exit_grace import hand_the_gil_to_backend_threads_at_exit
 from lightning_dist_hooks.hooks import default_setup_distributed_backend, user_hook
 from lightning_dist_hooks.lost_peers import is_collective_timeout, lost_peers_message
 from lightning_dist_hooks.mpi._abort import note_failure
@@ -43,6 +44,8 @@ def _setup_environment(self: Any) -> None:
     """``setup_environment`` of a hooked strategy: our process group first, then the strategy's own setup."""
     register_if_mpi4py(_lightning_internals.requested_process_group_backend(self))
     note_failure(None)  # a new run: an exception an earlier run stopped on was handled
+    if self.world_size > 1:
+        hand_the_gil_to_backend_threads_at_exit()
     if _takes_over(self) and not torch.distributed.is_initialized():
         _lightning_internals.set_world_ranks(self)
         hook = _setup_hook(self) or default_setup_distributed_backend

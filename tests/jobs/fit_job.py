@@ -21,6 +21,7 @@ import torch.distributed as dist
 from torch.utils.data import DataLoader, Dataset, Sampler
 
 from sockets import established_ipv4_connections, listening_tcp_ports
+from lightning_dist_hooks import exit_grace
 from lightning_dist_hooks.environments import LAUNCHER_ENVIRONMENTS
 
 # --package picks the Lightning package the whole job uses (read before main(): the classes below subclass it).
@@ -149,6 +150,7 @@ class JobModule(pl.LightningModule):
             "master_addr": os.environ.get("MASTER_ADDR"),
             "tcp_connections": established_ipv4_connections(os.getpid()),
             "listening_tcp_ports": sorted(listening_tcp_ports(os.getpid())),
+            "exit_grace": exit_grace.registered_in_this_process(),
         }
         out = Path(self.args.out)
         out.mkdir(parents=True, exist_ok=True)
