@@ -14,6 +14,7 @@ from __future__ import annotations
 import grp
 import json
 import logging
+import multiprocessing
 import os
 import pwd
 import shutil
@@ -527,8 +528,6 @@ def _prepare_together(url: str, rank: int, world_size: int, start, results) -> N
 
 def test_ranks_arriving_at_the_same_moment_all_join_the_one_file(tmp_path):
     # Makers and joiners racing, many times over: a joiner must always find the maker's claim whole.
-    import multiprocessing
-
     context = multiprocessing.get_context("fork")
     world_size, rounds = 4, 40
     for round_ in range(rounds):
