@@ -27,7 +27,9 @@ _KEY_PREFIX = "lightning_dist_hooks/still-here/"
 # What gloo says when a peer stops answering: "Timed out waiting 15000ms for recv operation to complete".
 # A peer that died is not asked about: its closed sockets fail the collective at once, with gloo naming the peer
 # ("Connection closed by peer [ADDRESS]:PORT"), and the launcher is already stopping the other ranks.
-_COLLECTIVE_TIMEOUT = re.compile(r"timed out waiting \d+ ?ms for (send|recv)", re.IGNORECASE)
+# gloo words it the second way when another operation's timeout has already closed the pair to that peer.
+_COLLECTIVE_TIMEOUT = re.compile(r"timed out waiting \d+ ?ms for (send|recv)|application timeout caused pair closure",
+                                 re.IGNORECASE)
 
 
 def is_collective_timeout(error: BaseException) -> bool:

@@ -44,6 +44,7 @@ def test_without_a_process_group_there_is_nobody_to_ask():
 @pytest.mark.parametrize("error, timed_out", [
     (RuntimeError("[gloo/transport/tcp/unbound_buffer.cc:78] Timed out waiting 15000ms for recv operation"), True),
     (RuntimeError("[gloo/transport/tcp/unbound_buffer.cc:129] Timed out waiting 15000ms for send operation"), True),
+    (RuntimeError("Application timeout caused pair closure"), True),  # seen on a node cut off mid-fit
     # A dead peer: gloo names it, and the launcher is stopping everyone; asking around would only delay that.
     (RuntimeError("[gloo/transport/tcp/pair.cc:534] Connection closed by peer [198.18.0.2]:5712"), False),
     (KeyError("no weights for this dataset"), False),
