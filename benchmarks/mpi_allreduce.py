@@ -1,5 +1,10 @@
 """Allreduce latency/bandwidth and DDP step time: the mpi4py backend vs gloo vs raw mpi4py, in one MPI job.
 
+Also, on the backend alone, the three ways a caller can complete an all-reduce: blocking, ``async_op=True`` then
+``wait()``, and ``async_op=True`` then the work's future (DDP's route: nobody calls ``wait()``, the backend
+completes the future); and, for the DDP step, how long backward waits at its end for bucket all-reduces still
+in flight (ours vs gloo): the part of communication that did not overlap with backward.
+
 Run on one machine (loopback only; drop --allow-run-as-root when not root)::
 
     mpirun --allow-run-as-root --oversubscribe --mca oob_tcp_if_include lo --mca btl self,vader -n 2 \\
@@ -28,6 +33,7 @@ from pathlib import Path
 import numpy as np
 import torch
 import torch.distributed as dist
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel
 
 from lightning_dist_hooks import mpi
@@ -39,6 +45,8 @@ QUICK_SIZES = [4 << 10, 64 << 10]
 SYNC_DIST_METRICS = 8  # values logged with sync_dist=True per step (loss, accuracy, learning rate, ...)
 BYTES_PER_ROUND = 8 << 20  # each round moves about this much per implementation (2 to 100 calls): short rounds
 OURS, GLOO, RAW, RAW_SAME_MEMORY = "mpi4py backend", "gloo", "raw mpi4py", "raw, torch memory"
+BLOCKING, WAIT, FUTURE = "blocking", "async_op, wait()", "async_op, future (DDP's route)"
+ROUTE_SIZES = [4 << 10, 1 << 20, 4 << 20, 16 << 20, 64 << 20]
 
 
 def _mpi_library() -> str:
@@ -106,6 +114,13 @@ def slowest(comm, seconds: float) -> float:
     return comm.allreduce(seconds, op=MPI.MAX)
 
 
+def slowest_each(comm, seconds: list[float]) -> list[float]:
+    """Element by element, the slowest rank's value (every rank passes as many)."""
+    values = np.array(seconds)
+    comm.Allreduce(MPI.IN_PLACE, values, op=MPI.MAX)
+    return values.tolist()
+
+
 def timed_rounds(comm, runs: dict[str, Callable[[], None]], calls: int, rounds: int) -> dict[str, list[float]]:
     """Per round, the mean time per call of each implementation; every round runs each one ``calls`` times."""
     samples: dict[str, list[float]] = {name: [] for name in runs}
@@ -169,6 +184,32 @@ def allreduce_runs(nbytes: int, ours: dist.ProcessGroup, comm) -> dict[str, Call
     }
 
 
+def route_runs(nbytes: int, ours: dist.ProcessGroup) -> dict[str, Callable[[], None]]:
+    """One all-reduce on the backend, completed by each route; each route has its own tensor."""
+    tensors = {route: torch.ones(nbytes // 4) for route in (BLOCKING, WAIT, FUTURE)}
+    return {
+        BLOCKING: lambda: dist.all_reduce(tensors[BLOCKING], group=ours),
+        WAIT: lambda: dist.all_reduce(tensors[WAIT], group=ours, async_op=True).wait(),
+        FUTURE: lambda: dist.all_reduce(tensors[FUTURE], group=ours, async_op=True).get_future().wait(),
+    }
+
+
+def summarize_routes(samples: dict[str, list[float]]) -> dict:
+    """Median time per route with its IQR, and the median [IQR] over rounds of each route's time / blocking's."""
+    blocking = samples[BLOCKING]
+    ratios = {
+        route: quartiles([time_ / reference for time_, reference in zip(values, blocking, strict=True)])
+        for route, values in samples.items()
+        if route != BLOCKING
+    }
+    return {
+        "median_seconds": {route: statistics.median(values) for route, values in samples.items()},
+        "iqr_seconds": {route: [quartiles(values)[0], quartiles(values)[2]] for route, values in samples.items()},
+        "time_relative_to_blocking": {route: middle for route, (_, middle, _) in ratios.items()},
+        "time_relative_to_blocking_iqr": {route: [first, third] for route, (first, _, third) in ratios.items()},
+    }
+
+
 def sync_dist_runs(ours: dist.ProcessGroup, world_size: int) -> dict[str, Callable[[], None]]:
     """One training step's worth of ``self.log(name, value, sync_dist=True)``: ``SYNC_DIST_METRICS`` scalars.
 
@@ -201,6 +242,28 @@ def make_mlp(hidden: int) -> torch.nn.Module:
     return torch.nn.Sequential(*layers, torch.nn.Linear(hidden, 10))
 
 
+class BackwardTailProbe:
+    """Records how long each backward waits, after its last gradient bucket was ready, for the bucket all-reduces.
+
+    DDP's built-in all-reduce hook replaced by the same in Python (``default_hooks.allreduce_hook``), wrapped to
+    note when each bucket was handed to the process group; the wait is the end of ``backward()`` minus the time
+    the last bucket was handed over. With full overlap only the last bucket's all-reduce is left to wait for.
+    """
+
+    def __init__(self) -> None:
+        self.last_bucket_at = 0.0
+        self.waits: list[float] = []
+
+    # No annotations: DDP checks them against the classes, and this module's are strings (``annotations``).
+    def hook(self, group, bucket):  # noqa: ANN001, ANN201
+        self.last_bucket_at = time.perf_counter()
+        return default_hooks.allreduce_hook(group, bucket)
+
+    def backward(self, loss: torch.Tensor) -> None:
+        loss.backward()
+        self.waits.append(time.perf_counter() - self.last_bucket_at)
+
+
 def ddp_step_runs(hidden: int, batch: int, ours: dist.ProcessGroup) -> tuple[dict[str, Callable[[], None]], int]:
     inputs, targets = torch.randn(batch, 256), torch.randint(0, 10, (batch,))
 
@@ -218,6 +281,27 @@ def ddp_step_runs(hidden: int, batch: int, ours: dist.ProcessGroup) -> tuple[dic
         runs[name] = step_of(model, torch.optim.SGD(model.parameters(), lr=0.01))
     parameter_bytes = sum(p.numel() * p.element_size() for p in make_mlp(hidden).parameters())
     return runs, parameter_bytes
+
+
+def backward_tail_runs(
+    hidden: int, batch: int, ours: dist.ProcessGroup
+) -> tuple[dict[str, Callable[[], None]], dict[str, BackwardTailProbe]]:
+    """DDP steps whose backward records its wait for outstanding buckets (``BackwardTailProbe``)."""
+    inputs, targets = torch.randn(batch, 256), torch.randint(0, 10, (batch,))
+    runs, probes = {}, {}
+    for name, group in ((OURS, ours), (GLOO, None)):
+        model = DistributedDataParallel(make_mlp(hidden), process_group=group)
+        probe = probes[name] = BackwardTailProbe()
+        model.register_comm_hook(group, probe.hook)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+
+        def step(model=model, optimizer=optimizer, probe=probe) -> None:
+            optimizer.zero_grad()
+            probe.backward(torch.nn.functional.cross_entropy(model(inputs), targets))
+            optimizer.step()
+
+        runs[name] = step
+    return runs, probes
 
 
 def _loads(load: tuple[float, float, float]) -> str:
@@ -253,6 +337,32 @@ def report_allreduce(results: list[dict]) -> None:
         print(f"| {format_size(row['bytes'])} | {' | '.join(cells)} | {' | '.join(ratios)} |")
 
 
+def report_routes(results: list[dict]) -> None:
+    print(
+        f"\nCompletion routes of an all-reduce on the {OURS} (float32, in place, SUM): {BLOCKING} is "
+        f"dist.all_reduce(t); {WAIT} is dist.all_reduce(t, async_op=True).wait(); {FUTURE} is "
+        "dist.all_reduce(t, async_op=True).get_future().wait()."
+    )
+    print("Median time per call [IQR]; x/blocking: median [IQR] of per-round ratios of the route's time to blocking's")
+    routes = (BLOCKING, WAIT, FUTURE)
+    print(f"| size | {' | '.join(routes)} | wait()/blocking | future/blocking |")
+    print(f"|---:|{'---:|' * (len(routes) + 2)}")
+    for row in results:
+        cells = [_time_with_iqr(row["median_seconds"][route], row["iqr_seconds"][route]) for route in routes]
+        ratios = []
+        for route in (WAIT, FUTURE):
+            low, high = row["time_relative_to_blocking_iqr"][route]
+            ratios.append(f"{row['time_relative_to_blocking'][route]:.2f}x [{low:.2f}-{high:.2f}]")
+        print(f"| {format_size(row['bytes'])} | {' | '.join(cells)} | {' | '.join(ratios)} |")
+
+
+def report_backward_tail(tail: dict) -> None:
+    print("\nDDP backward's wait after its last bucket was ready (communication not overlapped with backward; "
+          f"default all-reduce hook in Python, {tail['steps']} steps each): median [IQR]")
+    for name, seconds in tail["median_seconds"].items():
+        print(f"{name:>16}: {_time_with_iqr(seconds, tail['iqr_seconds'][name])}")
+
+
 def report_steps(title: str, result: dict) -> None:
     print(f"\n{title}: median time per step [interquartile range]")
     for name, seconds in result["median_seconds"].items():
@@ -278,13 +388,27 @@ def main() -> None:
             samples = timed_rounds(comm, allreduce_runs(nbytes, ours, comm), calls, rounds)
             allreduce.append({"bytes": nbytes, **summarize(samples)})
 
+        routes = []
+        for nbytes in QUICK_SIZES if args.quick else args.sizes or ROUTE_SIZES:
+            calls = 2 if args.quick else max(2, min(100, BYTES_PER_ROUND // nbytes))
+            routes.append({"bytes": nbytes, **summarize_routes(timed_rounds(comm, route_runs(nbytes, ours), calls,
+                                                                             rounds))})
+
         sync_dist_samples = timed_rounds(comm, sync_dist_runs(ours, comm.Get_size()), 2 if args.quick else 20, rounds)
         sync_dist = summarize(sync_dist_samples)
 
         hidden = 64 if args.quick else args.ddp_hidden
         ddp_runs, parameter_bytes = ddp_step_runs(hidden, args.ddp_batch, ours)
         ddp = summarize(timed_rounds(comm, ddp_runs, 2 if args.quick else args.ddp_steps, rounds))
-        del ddp_runs  # gloo hangs at exit if DDP's reducer outlives its process group
+        tail_runs, tail_probes = backward_tail_runs(hidden, args.ddp_batch, ours)
+        timed_rounds(comm, tail_runs, 2 if args.quick else args.ddp_steps, rounds)
+        tail_waits = {name: slowest_each(comm, probe.waits[1:]) for name, probe in tail_probes.items()}  # [0]: warm-up
+        tail = {
+            "steps": len(tail_waits[OURS]),
+            "median_seconds": {name: statistics.median(waits) for name, waits in tail_waits.items()},
+            "iqr_seconds": {name: [quartiles(waits)[0], quartiles(waits)[2]] for name, waits in tail_waits.items()},
+        }
+        del ddp_runs, tail_runs  # gloo hangs at exit if DDP's reducer outlives its process group
         load_after = os.getloadavg()
 
     if comm.Get_rank() == 0:
@@ -295,6 +419,7 @@ def main() -> None:
             "process(es)"
         )
         report_allreduce(allreduce)
+        report_routes(routes)
         report_steps(
             f"Lightning's sync_dist pattern ({SYNC_DIST_METRICS} scalars per step, each a barrier and an all-reduce)",
             sync_dist,
@@ -304,16 +429,19 @@ def main() -> None:
             f"{args.ddp_batch} per rank, SGD)",
             ddp,
         )
+        report_backward_tail(tail)
         if args.json:
             results = {
                 "load_average_before": load_before,
                 "load_average_after": load_after,
                 "background_load_processes": args.background_load,
                 "allreduce": allreduce,
+                "completion_routes": routes,
                 "sync_dist_step": sync_dist,
                 "sync_dist_metrics": SYNC_DIST_METRICS,
                 "ddp_step": ddp,
                 "ddp_parameter_bytes": parameter_bytes,
+                "ddp_backward_tail": tail,
             }
             args.json.write_text(json.dumps(results, indent=2))
     dist.destroy_process_group()

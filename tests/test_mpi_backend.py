@@ -147,6 +147,38 @@ def test_every_collective_gives_the_expected_values(collectives_job: subprocess.
     assert collectives_job.returncode == 0, output[-8000:]
 
 
+ROUTE_OPERATIONS = (
+    "allreduce", "broadcast", "all_gather", "all_gather_into_tensor", "gather", "scatter", "reduce", "reduce_scatter",
+    "reduce_scatter_tensor", "all_to_all_single", "all_to_all", "barrier", "isend_irecv",
+)
+
+
+def _passed_checks(output: str) -> dict[int, set[str]]:
+    """Per rank, the names of the checks collectives.py reports as passed."""
+    passed: dict[int, set[str]] = {0: set(), 1: set()}
+    for rank, name in re.findall(r"^rank (\d) passed: (.+)$", output, flags=re.MULTILINE):
+        passed[int(rank)].add(name)
+    return passed
+
+
+@needs_mpi
+@pytest.mark.parametrize("route", ["wait", "future"])
+@pytest.mark.parametrize("operation", ROUTE_OPERATIONS)
+def test_every_operation_completes_by_wait_and_by_its_future_on_both_ranks(
+    collectives_job: subprocess.CompletedProcess[str], operation: str, route: str
+) -> None:
+    # Each at 32 bytes (run on the caller's thread) and 1 MiB (run by the group's queue thread).
+    assert f"FAILED route {operation} " not in collectives_job.stdout, collectives_job.stdout[-8000:]
+    for names in _passed_checks(collectives_job.stdout).values():
+        assert {f"route {operation} small {route}", f"route {operation} queued {route}"} <= names
+
+
+@needs_mpi
+def test_collectives_keep_their_issue_order_across_the_queue(collectives_job: subprocess.CompletedProcess[str]) -> None:
+    for names in _passed_checks(collectives_job.stdout).values():
+        assert "route issue order behind queued collectives" in names, collectives_job.stdout[-8000:]
+
+
 @needs_mpi
 def test_reductions_and_fsdp_training_are_bitwise_equal_to_gloo(
     collectives_job: subprocess.CompletedProcess[str],
@@ -205,8 +237,8 @@ def test_ddp_trains_bitwise_like_gloo_without_listening_sockets(tmp_path: Path) 
 
 
 @needs_mpi
-@pytest.mark.parametrize("mode", ["blocking", "future"])
-def test_watchdog_aborts_a_collective_another_rank_skipped(mode: str) -> None:
+@pytest.mark.parametrize(("mode", "shape"), [("blocking", "[4]"), ("future", "[4]"), ("queued", "[262144]")])
+def test_watchdog_aborts_a_collective_another_rank_skipped(mode: str, shape: str) -> None:
     completed = run_mpi(SCRIPTS / "timeout_job.py", mode, str(WATCHDOG_TIMEOUT_S))
     ended = time.time()
     assert completed.returncode != 0, completed.stdout[-6000:]
@@ -214,7 +246,7 @@ def test_watchdog_aborts_a_collective_another_rank_skipped(mode: str) -> None:
     assert waiting_since, completed.stdout[-6000:]
     assert WATCHDOG_TIMEOUT_S <= ended - float(waiting_since.group(1)) <= WATCHDOG_TIMEOUT_S + WATCHDOG_MARGIN_S
     assert (
-        f"rank 0: allreduce(SUM) of float32[4] on the default process group did not complete within the process "
+        f"rank 0: allreduce(SUM) of float32{shape} on the default process group did not complete within the process "
         f"group timeout ({WATCHDOG_TIMEOUT_S} s)" in completed.stdout
     )
     assert "MPI_Abort" in completed.stdout
@@ -222,15 +254,16 @@ def test_watchdog_aborts_a_collective_another_rank_skipped(mode: str) -> None:
 
 
 @needs_mpi
-def test_an_mpi_error_ends_the_job_at_once_saying_so() -> None:
-    completed = run_mpi(SCRIPTS / "mpi_error_job.py")
+@pytest.mark.parametrize(("mode", "shape"), [("blocking", r"\[4\]"), ("queued", r"\[262144\]")])
+def test_an_mpi_error_ends_the_job_at_once_saying_so(mode: str, shape: str) -> None:
+    completed = run_mpi(SCRIPTS / "mpi_error_job.py", mode)
     ended = time.time()
     assert completed.returncode != 0, completed.stdout[-6000:]
     started = re.search(r"broadcasting since ([\d.]+)", completed.stdout)
     assert started, completed.stdout[-6000:]
     assert ended - float(started.group(1)) <= WATCHDOG_MARGIN_S  # the 600 s timeout plays no part
-    assert re.search(r"rank \d: broadcast from rank 7 of float32\[4\] on the default process group failed with an MPI "
-                     r"error \(.*MPI_ERR_ROOT", completed.stdout), completed.stdout[-6000:]
+    assert re.search(rf"rank \d: broadcast from rank 7 of float32{shape} on the default process group failed with an "
+                     r"MPI error \(.*MPI_ERR_ROOT", completed.stdout), completed.stdout[-6000:]
     assert "from an invalid root returned" not in completed.stdout
 
 
@@ -266,7 +299,19 @@ def test_benchmark_quick_run(tmp_path: Path) -> None:
         assert all(seconds > 0 for seconds in row["median_seconds"].values())
     assert set(results["ddp_step"]["median_seconds"]) == {"mpi4py backend", "gloo"}
     assert set(results["sync_dist_step"]["median_seconds"]) == {"mpi4py backend", "gloo"}
-    for row in [*results["allreduce"], results["sync_dist_step"], results["ddp_step"]]:
+    routes = {"blocking", "async_op, wait()", "async_op, future (DDP's route)"}
+    assert [row["bytes"] for row in results["completion_routes"]] == [4 << 10, 64 << 10]
+    for row in results["completion_routes"]:
+        assert set(row["median_seconds"]) == routes
+        assert set(row["time_relative_to_blocking"]) == routes - {"blocking"}
+        assert all(ratio > 0 for ratio in row["time_relative_to_blocking"].values())
+    assert "Completion routes of an all-reduce" in completed.stdout
+    tail = results["ddp_backward_tail"]
+    assert tail["steps"] == 2 * 2  # rounds x steps per round in --quick, the warm-up step left out
+    assert set(tail["median_seconds"]) == {"mpi4py backend", "gloo"}
+    assert "DDP backward's wait after its last bucket was ready" in completed.stdout
+    timed_rows = [*results["allreduce"], *results["completion_routes"], results["sync_dist_step"], results["ddp_step"]]
+    for row in [*timed_rows, tail]:
         for name, (first_quartile, third_quartile) in row["iqr_seconds"].items():
             assert 0 < first_quartile <= row["median_seconds"][name] <= third_quartile
     assert len(results["load_average_before"]) == len(results["load_average_after"]) == 3

@@ -3,18 +3,11 @@ actually used may do it."""
 
 from __future__ import annotations
 
-import os
-import sys
 from types import ModuleType
 
 from ._abort import install_abort_on_failure
 
 INSTALL_HINT = 'pip install "lightning-dist-hooks[mpi]" (or: pip install mpi4py)'
-
-# Open MPI's non-blocking allreduce (libnbc) picks a binomial tree below 4 ranks, 2-3x slower than its ring or
-# Rabenseifner algorithms on 1-4 MiB (measured on 2 ranks); DDP's bucket allreduces are non-blocking. Read at
-# MPI_Init only, so it applies when this module initialises MPI; an explicit user setting wins.
-_OPEN_MPI_DEFAULTS = {"OMPI_MCA_coll_libnbc_iallreduce_algorithm": "3"}  # 3 = rabenseifner
 
 
 def mpi4py_importable() -> bool:
@@ -31,16 +24,11 @@ def init_mpi() -> ModuleType:
 
     From then on a rank that fails ends the whole job with ``MPI_Abort`` (see ``_abort``).
 
-    Importing ``mpi4py.MPI`` initialises MPI (with ``MPI_THREAD_MULTIPLE``, which the backend requires). Call
-    this before anything else imports mpi4py (Lightning's ``MPIEnvironment`` does) so that the Open MPI tuning
-    defaults above still apply::
+    Importing ``mpi4py.MPI`` initialises MPI (with ``MPI_THREAD_MULTIPLE``, which the backend requires)::
 
         MPI = init_mpi()
         rank = MPI.COMM_WORLD.Get_rank()
     """
-    if "mpi4py.MPI" not in sys.modules:
-        for name, value in _OPEN_MPI_DEFAULTS.items():
-            os.environ.setdefault(name, value)
     try:
         from mpi4py import MPI
     except ImportError as error:
@@ -48,7 +36,7 @@ def init_mpi() -> ModuleType:
             f"The 'mpi4py' torch.distributed backend needs the mpi4py package: {INSTALL_HINT}. "
             "It must be built against the MPI library that launches the job (mpirun/mpiexec)."
         ) from error
-    # Requests are posted by the training thread and completed by the progress thread concurrently.
+    # The training thread, the progress thread and each group's queue thread call MPI concurrently.
     if MPI.Query_thread() < MPI.THREAD_MULTIPLE:
         raise RuntimeError(
             "The 'mpi4py' backend needs MPI initialised with MPI_THREAD_MULTIPLE, but it provides level "

@@ -16,7 +16,18 @@ from torch._C._distributed_c10d import AllgatherOptions  # not re-exported by to
 from torch.distributed import ReduceOp
 
 from ._buffers import bytes_in_pieces, bytes_of, copy_back, require_cpu_tensor, staged_copy, staged_output, values_of
-from ._engine import GroupWatch, MpiCall, MpiWork, ProgressEngine, completed_work, deadline_of
+from ._engine import (
+    EAGER_COLLECTIVE_BYTES,
+    BlockingCall,
+    CollectiveQueue,
+    GroupWatch,
+    MpiCall,
+    ProgressEngine,
+    QueuedWork,
+    RequestWork,
+    completed_work,
+    deadline_of,
+)
 from ._mpi import init_mpi
 from ._reductions import Reduction, reduction_for
 
@@ -135,6 +146,10 @@ def _describe_allreduce(op: ReduceOp, tensors: Sequence[torch.Tensor]) -> str:
     return f"allreduce({op.op.name}) of {_describe(tensors)}"
 
 
+def _payload_bytes(calls: Sequence[MpiCall]) -> int:
+    return sum(tensor.nbytes for call in calls for tensor in call.tensors)
+
+
 def _row_bytes(tensor: torch.Tensor) -> int:
     return tensor[0].numel() * tensor.element_size() if tensor.dim() and tensor.shape[0] else 0
 
@@ -154,6 +169,7 @@ class MpiProcessGroup(dist.ProcessGroup):
         self._mpi = mpi
         self._comm = comm
         self._engine = engine
+        self._collectives = CollectiveQueue(engine, comm)
         self._description = description
         self._watch = GroupWatch(timeout, description)
         # Per op code, then dtype: what dist.all_reduce(t) on a contiguous tensor passes to MPI (None: not in place).
@@ -184,6 +200,7 @@ class MpiProcessGroup(dist.ProcessGroup):
 
     def shutdown(self) -> None:
         """Release the communicator (``destroy_process_group``); MPI completes what is still in flight first."""
+        self._engine.release(self._collectives)
         if self._comm != self._mpi.COMM_NULL:
             self._comm.Free()
 
@@ -191,9 +208,10 @@ class MpiProcessGroup(dist.ProcessGroup):
 
     def allreduce(self, tensors: list[torch.Tensor], opts: dist.AllreduceOptions | None = None) -> dist.Work:
         opts = opts or dist.AllreduceOptions()
-        # dist.all_reduce(t) of metrics, sync_dist: small and frequent, so every line here costs. A contiguous tensor
-        # whose (op, dtype) MPI reduces as is goes straight to the blocking MPI call, under the watchdog.
-        if not opts.asyncOp and len(tensors) == 1:
+        # dist.all_reduce(t) of metrics, sync_dist, and DDP's buckets: frequent, so every line here costs. A
+        # contiguous tensor whose (op, dtype) MPI reduces as is goes straight to MPI: the blocking call on this
+        # thread, under the watchdog, when the caller waits for it anyway or it is small; else to the queue.
+        if len(tensors) == 1:
             reduce_op = opts.reduceOp  # a C++ property that builds a new ReduceOp: read once
             tensor = tensors[0]
             # A ReduceOp hashes to its RedOpType's value: the cheapest key. Comparing ReduceOp or RedOpType objects
@@ -205,14 +223,15 @@ class MpiProcessGroup(dist.ProcessGroup):
                 target = self._add_direct_target(op_code, reduce_op, tensor.dtype)
             if target is not None and tensor.is_cpu and tensor.layout is torch.strided and tensor.is_contiguous():
                 mpi_type, mpi_op, finish = target
-                memory = self._mpi.buffer.fromaddress(tensor.data_ptr(), tensor.nbytes)
-                self._engine.call_blocking(
-                    (time.monotonic(), self._watch, _describe_allreduce, reduce_op, tensors),
-                    self._comm.Allreduce, self._mpi.IN_PLACE, [memory, tensor.numel(), mpi_type], mpi_op,
-                )
-                if finish is not None:
-                    finish(tensor)
-                return completed_work(tensors)
+                values = [self._mpi.buffer.fromaddress(tensor.data_ptr(), tensor.nbytes), tensor.numel(), mpi_type]
+                started = (time.monotonic(), self._watch, _describe_allreduce, reduce_op, tensors)
+                if (not opts.asyncOp or tensor.nbytes <= EAGER_COLLECTIVE_BYTES) and self._collectives.is_idle():
+                    self._engine.call_blocking(started, self._comm.Allreduce, self._mpi.IN_PLACE, values, mpi_op)
+                    if finish is not None:
+                        finish(tensor)
+                    return completed_work(tensors)
+                call = MpiCall("Allreduce", (self._mpi.IN_PLACE, values, mpi_op), (tensor,))
+                return self._queue(started, tensors, [call], None if finish is None else partial(finish, tensor), opts)
         parts = [self._allreduce_part(tensor, opts.reduceOp) for tensor in tensors]
         return self._run(partial(_describe_allreduce, opts.reduceOp, tensors), tensors, parts, opts)
 
@@ -395,7 +414,8 @@ class MpiProcessGroup(dist.ProcessGroup):
         return self._run(lambda: f"alltoall of {_describe(inputs)}", outputs, [part], opts)
 
     def barrier(self, opts: dist.BarrierOptions | None = None) -> dist.Work:
-        if opts is not None and not opts.asyncOp:  # dist.barrier(): Lightning's sync_dist runs one per metric
+        # dist.barrier(): Lightning's sync_dist runs one per metric
+        if opts is not None and not opts.asyncOp and self._collectives.is_idle():
             self._engine.call_blocking((time.monotonic(), self._watch, _describe_barrier), self._comm.Barrier)
             return completed_work([])
         return self._run(_describe_barrier, [], [_Part(MpiCall("Barrier", (), ()))], opts)
@@ -409,15 +429,15 @@ class MpiProcessGroup(dist.ProcessGroup):
             require_cpu_tensor(tensor, "send")
             staged = staged_copy(tensor)
             parts.append(_Part(MpiCall("Send", (bytes_of(self._mpi, staged), dst_rank, tag), (staged,))))
-        return self._run(lambda: f"send to rank {dst_rank} (tag {tag}) of {_describe(tensors)}", tensors, parts)
+        return self._post(lambda: f"send to rank {dst_rank} (tag {tag}) of {_describe(tensors)}", tensors, parts)
 
     def recv(self, tensors: list[torch.Tensor], src_rank: int, tag: int) -> dist.Work:
         describe = lambda: f"recv from rank {src_rank} (tag {tag}) of {_describe(tensors)}"  # noqa: E731
-        return self._run(describe, *self._recv(tensors, src_rank, tag))
+        return self._post(describe, *self._recv(tensors, src_rank, tag))
 
     def recv_anysource(self, tensors: list[torch.Tensor], tag: int) -> dist.Work:
         describe = lambda: f"recv from any rank (tag {tag}) of {_describe(tensors)}"  # noqa: E731
-        return self._run(describe, *self._recv(tensors, self._mpi.ANY_SOURCE, tag), wants_source=True)
+        return self._post(describe, *self._recv(tensors, self._mpi.ANY_SOURCE, tag), wants_source=True)
 
     # --- helpers ------------------------------------------------------------------------------------------
 
@@ -427,25 +447,51 @@ class MpiProcessGroup(dist.ProcessGroup):
         outputs: list[torch.Tensor],
         parts: Sequence[_Part],
         opts: _Options | None = None,
-        *,
-        wants_source: bool = False,
     ) -> dist.Work:
+        """Run a collective: on this thread when the caller waits for it anyway or when it is small, else queued."""
         if len(parts) == 1:  # the common case, kept cheap
             calls, finish = [parts[0].call], parts[0].finish
         else:
             calls, finish = [part.call for part in parts], _finish_all(parts)
         # ``asyncOp`` is False only when torch.distributed's Python API waits right after the call; C++ callers
         # (DDP's reducer) and async_op=True leave it True.
-        if opts is not None and not opts.asyncOp:
+        runs_here = (opts is not None and not opts.asyncOp) or _payload_bytes(calls) <= EAGER_COLLECTIVE_BYTES
+        if runs_here and self._collectives.is_idle():
             self._engine.run_blocking(self._comm, calls, (time.monotonic(), self._watch, describe))
             if finish is not None:
                 finish()
             return completed_work(outputs)
-        deadline = deadline_of((time.monotonic(), self._watch, describe))
-        work = MpiWork(self._engine, outputs, deadline, finish)
+        return self._queue((time.monotonic(), self._watch, describe), outputs, calls, finish, opts)
+
+    def _queue(
+        self,
+        started: BlockingCall,
+        outputs: list[torch.Tensor],
+        calls: Sequence[MpiCall],
+        finish: Callable[[], object] | None,
+        opts: _Options | None,
+    ) -> dist.Work:
+        """Hand a collective to the group's queue thread; wait for it if the caller asked to."""
+        work = QueuedWork(outputs, deadline_of(started), finish, calls)
+        self._collectives.submit(work)
+        if opts is not None and not opts.asyncOp:  # a blocking collective issued behind queued ones
+            work.wait()
+        return work
+
+    def _post(
+        self,
+        describe: Callable[[], str],
+        outputs: list[torch.Tensor],
+        parts: Sequence[_Part],
+        *,
+        wants_source: bool = False,
+    ) -> dist.Work:
+        """Post a point-to-point operation as non-blocking requests (blocking ones could deadlock send/send)."""
+        work = RequestWork(self._engine, outputs, deadline_of((time.monotonic(), self._watch, describe)),
+                           _finish_all(parts))
         if wants_source:
             work.want_source(self._mpi)
-        self._engine.post(work, self._comm, calls)
+        self._engine.post(work, self._comm, [part.call for part in parts])
         return work
 
     def _add_direct_target(self, op_code: int, reduce_op: ReduceOp, dtype: torch.dtype) -> _DirectTarget | None:

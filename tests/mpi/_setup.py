@@ -20,6 +20,7 @@ if "lightning_dist_hooks" not in sys.modules:
     sys.modules["lightning_dist_hooks"] = _package_root
 
 from lightning_dist_hooks import mpi  # needs the package root above
+from lightning_dist_hooks.exit_grace import hand_the_gil_to_backend_threads_at_exit
 
 __all__ = ["init_from_mpi_launch", "mpi"]
 
@@ -31,6 +32,9 @@ def init_from_mpi_launch(backend: str, timeout_s: float = 60.0) -> tuple[int, in
     """
     launch = mpi.detect_mpi_launch()
     assert launch is not None, "run this script under mpirun"
+    # As every rank of our Trainer does: without it a gloo job's rank can abort at exit after a run that completed
+    # (torch issue 190489; seen here in ddp_train.py with gloo, 1 run in 3 on the 2-core machine).
+    hand_the_gil_to_backend_threads_at_exit()
     timeout = timedelta(seconds=timeout_s)
     if backend == mpi.BACKEND_NAME:
         dist.init_process_group(backend, init_method=mpi.mpi_init_method(), timeout=timeout)

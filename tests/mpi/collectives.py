@@ -3,8 +3,9 @@ its reductions against gloo's (gloo_parity.py), in one job.
 
 Usage (under mpirun, any number of ranks >= 2, MPI_TEST_PORT set for gloo's store): python collectives.py
 
-Each rank prints ``FAILED <check>: <why>`` for a wrong result and ``rank R: N checks passed: <names>``, then the
-gloo comparison's lines; the exit code is 1 if any check failed or any result differs from gloo's.
+Each rank prints ``FAILED <check>: <why>`` for a wrong result, ``rank R passed: <name>`` for each passed check (a
+line each: a pipe keeps only writes of up to 4 KiB whole, so one long line would interleave with the other rank's)
+and ``rank R: N checks passed``, then the gloo comparison's lines; the exit code is 1 if any check failed or any result differs from gloo's.
 """
 
 from __future__ import annotations
@@ -287,6 +288,137 @@ def check_groups_and_errors(checks: Checks, world: int) -> None:
     checks.equal("backend name", dist.get_backend(), "mpi4py")
 
 
+# Below the backend's eager limit a non-blocking collective runs on the caller's thread; above it, on the group's
+# queue thread. Every operation is checked at both sizes (elements per rank's piece, float32).
+ROUTE_SIZES = {"small": 8, "queued": (1 << 20) // 4}  # 32 bytes; 1 MiB
+ROUTES = ("wait", "future")
+
+
+def _complete(work: dist.Work, route: str) -> None:
+    """Complete ``work`` by ``route``: its ``wait()``, or only its future (as DDP does; nobody calls ``wait()``)."""
+    if route == "wait":
+        assert work.wait() is True
+    else:
+        work.get_future().wait()
+
+
+def _ramp(rank: int, count: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """Values that differ between ranks and along the tensor, exact in float32 at every size used here."""
+    return (torch.arange(count, dtype=torch.float64) % 97 + 100 * (rank + 1)).to(dtype)
+
+
+def route_operations(rank: int, world: int, count: int) -> dict[str, Callable[[Callable[[dist.Work], None]], None]]:
+    """Every collective and point-to-point operation issued with ``async_op=True``, as a function that issues it,
+    completes it with ``complete`` and returns (actual, expected) pairs."""
+    right, left = (rank + 1) % world, (rank - 1) % world
+    everyone = [_ramp(r, count) for r in range(world)]
+    total = torch.stack(everyone).sum(0)
+
+    def allreduce(complete):
+        tensor = _ramp(rank, count)
+        complete(dist.all_reduce(tensor, async_op=True))
+        return [(tensor, total)]
+
+    def broadcast(complete):
+        tensor = _ramp(rank, count)
+        complete(dist.broadcast(tensor, src=world - 1, async_op=True))
+        return [(tensor, everyone[-1])]
+
+    def all_gather(complete):
+        outputs = [torch.empty(count) for _ in range(world)]
+        complete(dist.all_gather(outputs, _ramp(rank, count), async_op=True))
+        return [(outputs, everyone)]
+
+    def all_gather_into_tensor(complete):
+        output = torch.empty(world * count)
+        complete(dist.all_gather_into_tensor(output, _ramp(rank, count), async_op=True))
+        return [(output, torch.cat(everyone))]
+
+    def gather(complete):
+        outputs = [torch.empty(count) for _ in range(world)] if rank == 0 else None
+        complete(dist.gather(_ramp(rank, count), outputs, dst=0, async_op=True))
+        return [(outputs, everyone)] if rank == 0 else []
+
+    def scatter(complete):
+        output = torch.empty(count)
+        complete(dist.scatter(output, everyone if rank == 0 else None, src=0, async_op=True))
+        return [(output, everyone[rank])]
+
+    def reduce(complete):
+        tensor = _ramp(rank, count)
+        complete(dist.reduce(tensor, dst=0, async_op=True))
+        return [(tensor, total if rank == 0 else _ramp(rank, count))]
+
+    def reduce_scatter(complete):
+        output = torch.empty(count)
+        complete(dist.reduce_scatter(output, [_ramp(rank, count) * (d + 1) for d in range(world)], async_op=True))
+        return [(output, total * (rank + 1))]
+
+    def reduce_scatter_tensor(complete):
+        output = torch.empty(count)
+        whole = torch.cat([_ramp(rank, count) * (d + 1) for d in range(world)])
+        complete(dist.reduce_scatter_tensor(output, whole, async_op=True))
+        return [(output, total * (rank + 1))]
+
+    def all_to_all_single(complete):
+        output = torch.empty(world * count)
+        send = torch.cat([_ramp(rank, count) + d for d in range(world)])
+        complete(dist.all_to_all_single(output, send, async_op=True))
+        return [(output, torch.cat([_ramp(r, count) + rank for r in range(world)]))]
+
+    def all_to_all(complete):
+        outputs = [torch.empty(count) for _ in range(world)]
+        complete(dist.all_to_all(outputs, [_ramp(rank, count) + d for d in range(world)], async_op=True))
+        return [(outputs, [_ramp(r, count) + rank for r in range(world)])]
+
+    def barrier(complete):
+        complete(dist.barrier(async_op=True))
+        return []
+
+    def isend_irecv(complete):
+        received = torch.empty(count)
+        works = [dist.isend(_ramp(rank, count), right), dist.irecv(received, left)]
+        for work in works:
+            complete(work)
+        return [(received, everyone[left])]
+
+    return {operation.__name__: operation for operation in (
+        allreduce, broadcast, all_gather, all_gather_into_tensor, gather, scatter, reduce, reduce_scatter,
+        reduce_scatter_tensor, all_to_all_single, all_to_all, barrier, isend_irecv,
+    )}
+
+
+def check_completion_routes(checks: Checks, world: int) -> None:
+    rank = dist.get_rank()
+    for size_name, count in ROUTE_SIZES.items():
+        for name, operation in route_operations(rank, world, count).items():
+            for route in ROUTES:
+                pairs = operation(lambda work, route=route: _complete(work, route))
+                checks.equal(f"route {name} {size_name} {route}", [a for a, _ in pairs], [e for _, e in pairs])
+
+    # Issue order holds across the queue: queued collectives, then a small async one and a blocking one issued
+    # behind them, completed in reverse order; each result must be its own collective's.
+    count = ROUTE_SIZES["queued"]
+    first, second = _ramp(rank, count), _ramp(rank, count) * 2
+    small, blocking = torch.full((4,), float(rank)), torch.full((2,), float(rank + 1))
+    works = [dist.all_reduce(first, async_op=True), dist.all_reduce(second, op=ReduceOp.MAX, async_op=True),
+             dist.all_reduce(small, async_op=True)]
+    dist.all_reduce(blocking)
+    for work, route in zip(reversed(works), ("future", "wait", "future"), strict=True):
+        _complete(work, route)
+    expected_second = torch.stack([_ramp(r, count) * 2 for r in range(world)]).max(0).values
+    checks.equal(
+        "route issue order behind queued collectives",
+        [first, second, small, blocking],
+        [
+            torch.stack([_ramp(r, count) for r in range(world)]).sum(0),
+            expected_second,
+            torch.full((4,), float(sum(range(world)))),
+            torch.full((2,), float(sum(range(1, world + 1)))),
+        ],
+    )
+
+
 def check_rendezvous_refuses_wrong_rank(checks: Checks) -> None:
     launch = mpi.detect_mpi_launch()
     wrong_rank = launch.world_size + launch.rank
@@ -312,11 +444,13 @@ def main() -> None:
         check_all_to_all,
         check_point_to_point,
         check_groups_and_errors,
+        check_completion_routes,
     ):
         check(checks, world)
     dist.barrier()
     dist.destroy_process_group()
-    print(f"rank {rank}: {len(checks.passed)} checks passed: {', '.join(checks.passed)}", flush=True)
+    print("".join(f"rank {rank} passed: {name}\n" for name in checks.passed), end="", flush=True)
+    print(f"rank {rank}: {len(checks.passed)} checks passed", flush=True)
     equal_to_gloo = compare_with_gloo()
     sys.exit(1 if checks.failed or not equal_to_gloo else 0)
 

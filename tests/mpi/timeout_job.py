@@ -1,10 +1,11 @@
 """Rank 0 runs an allreduce that rank 1 skips; the backend's watchdog must end the job after the timeout.
 
-Usage (under mpirun -n 2): python timeout_job.py {blocking,future} TIMEOUT_S
+Usage (under mpirun -n 2): python timeout_job.py {blocking,future,queued} TIMEOUT_S
 
-``blocking`` is ``dist.all_reduce`` (the blocking MPI call on the caller's thread); ``future`` waits on the
-work's future, which only the progress thread completes (DDP's path). Rank 0 prints ``waiting since <epoch s>``
-just before the allreduce, so the test can time the abort independently of start-up time.
+``blocking`` is ``dist.all_reduce`` of 4 values (the blocking MPI call on the caller's thread); ``future`` waits
+on the future of the same issued with ``async_op=True`` (DDP's route; so small that it runs on the caller's thread
+too); ``queued`` does that with 1 MiB, which the group's queue thread runs. Rank 0 prints ``waiting since <epoch
+s>`` just before the allreduce, so the test can time the abort independently of start-up time.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ def main() -> None:
         time.sleep(SKIPPING_RANK_SLEEP_S)  # skips the collective; only MPI_Abort from rank 0 ends it early
         return
     print(f"waiting since {time.time()}", flush=True)
-    tensor = torch.ones(4)
+    tensor = torch.ones((1 << 20) // 4 if mode == "queued" else 4)
     if mode == "blocking":
         dist.all_reduce(tensor)
     else:
