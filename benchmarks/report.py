@@ -108,6 +108,16 @@ def _mpi_markdown(mpi: dict) -> str:
         seconds = row["median_seconds"]
         lines.append(f"| {row['bytes'] >> 10} KiB | {seconds['mpi4py backend'] * 1e6:.0f} µs | "
                      f"{seconds['gloo'] * 1e6:.0f} µs | {row['ours_speed_relative_to']['gloo']:.2f}x |")
+    tail = mpi["ddp_backward_tail"]["median_seconds"]
+    lines += ["", f"DDP backward's wait for outstanding buckets after the last one was ready: "
+                  f"{tail['mpi4py backend'] * 1e3:.2f} ms with the mpi4py backend, {tail['gloo'] * 1e3:.2f} ms with gloo.",
+              "", "| allreduce size | blocking | async_op, wait() | async_op, future (DDP's route) | future/blocking |",
+              "|---:|---:|---:|---:|---:|"]
+    for row in mpi["completion_routes"]:
+        seconds = [row["median_seconds"][route] * 1e6 for route in row["median_seconds"]]
+        future_ratio = row["time_relative_to_blocking"]["async_op, future (DDP's route)"]
+        lines.append(f"| {row['bytes'] >> 10} KiB | {' | '.join(f'{value:.0f} µs' for value in seconds)} | "
+                     f"{future_ratio:.2f}x |")
     return "\n".join(lines)
 
 

@@ -35,3 +35,17 @@ def test_quick_benchmarks_write_json_markdown_and_plots(tmp_path):
     assert (tmp_path / "results.md").read_text().startswith("Machine:")
     for plot in ("step_overhead.png", "startup.png", "bootstrap.png"):
         assert (tmp_path / plot).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_mpi_markdown_gives_the_completion_routes_and_the_backward_wait():
+    from benchmarks import report
+
+    stored = json.loads((REPO / "benchmarks" / "results" / "mpi_allreduce.json").read_text())
+    markdown = report._mpi_markdown(stored)
+    ours_wait = stored["ddp_backward_tail"]["median_seconds"]["mpi4py backend"]
+    assert f"{ours_wait * 1e3:.2f} ms with the mpi4py backend" in markdown
+    route_rows = [line for line in markdown.splitlines() if line.startswith("| ") and line.count("µs") == 3]
+    assert [row.split(" | ")[0] for row in route_rows] == ["| 4 KiB", "| 1024 KiB", "| 4096 KiB", "| 16384 KiB",
+                                                             "| 65536 KiB"]
+    future_ratio = stored["completion_routes"][0]["time_relative_to_blocking"]["async_op, future (DDP's route)"]
+    assert route_rows[0].endswith(f"| {future_ratio:.2f}x |")
