@@ -11,8 +11,8 @@ Run on one machine (loopback only; drop --allow-run-as-root when not root)::
         env GLOO_SOCKET_IFNAME=lo python benchmarks/mpi_allreduce.py
 
 Every measurement alternates between the implementations in short rounds (in a rotating order) and reports
-median times and the median of per-round ratios, each with its interquartile range, and the load average, so load bursts on a shared machine hit both sides of a ratio
-alike. Times are the slowest rank's. ``--quick`` runs tiny sizes and a few steps (a smoke test that the benchmark
+median times and the median of per-round ratios, each with its interquartile range, and the load average, so load
+bursts on a shared machine hit both sides of a ratio alike. Times are the slowest rank's. ``--quick`` runs tiny sizes and a few steps (a smoke test that the benchmark
 still works, not a measurement).
 """
 
@@ -148,23 +148,25 @@ def quartiles(values: list[float]) -> tuple[float, float, float]:
     return first, median, third
 
 
-def summarize(samples: dict[str, list[float]]) -> dict:
-    """Median time per implementation and its interquartile range, and the median over rounds of each one's speed
-    relative to ours with its interquartile range.
+def summarize(
+    samples: dict[str, list[float]], reference: str = OURS, ratio_key: str = "ours_speed_relative_to"
+) -> dict:
+    """Median time per implementation and its interquartile range, and the median over rounds of each other one's
+    time relative to ``reference``'s (for the default, ours: our speed relative to it) with its interquartile range.
 
     Ratios are taken within a round: on a shared machine, load bursts then hit both sides of a ratio alike.
     """
-    ours = samples[OURS]
+    reference_times = samples[reference]
     ratios = {
-        name: quartiles([other / mine for other, mine in zip(values, ours, strict=True)])
+        name: quartiles([time_ / reference_time for time_, reference_time in zip(values, reference_times, strict=True)])
         for name, values in samples.items()
-        if name != OURS
+        if name != reference
     }
     return {
         "median_seconds": {name: statistics.median(values) for name, values in samples.items()},
         "iqr_seconds": {name: [quartiles(values)[0], quartiles(values)[2]] for name, values in samples.items()},
-        "ours_speed_relative_to": {name: middle for name, (_, middle, _) in ratios.items()},
-        "ours_speed_relative_to_iqr": {name: [first, third] for name, (first, _, third) in ratios.items()},
+        ratio_key: {name: middle for name, (_, middle, _) in ratios.items()},
+        f"{ratio_key}_iqr": {name: [first, third] for name, (first, _, third) in ratios.items()},
     }
 
 
@@ -191,22 +193,6 @@ def route_runs(nbytes: int, ours: dist.ProcessGroup) -> dict[str, Callable[[], N
         BLOCKING: lambda: dist.all_reduce(tensors[BLOCKING], group=ours),
         WAIT: lambda: dist.all_reduce(tensors[WAIT], group=ours, async_op=True).wait(),
         FUTURE: lambda: dist.all_reduce(tensors[FUTURE], group=ours, async_op=True).get_future().wait(),
-    }
-
-
-def summarize_routes(samples: dict[str, list[float]]) -> dict:
-    """Median time per route with its IQR, and the median [IQR] over rounds of each route's time / blocking's."""
-    blocking = samples[BLOCKING]
-    ratios = {
-        route: quartiles([time_ / reference for time_, reference in zip(values, blocking, strict=True)])
-        for route, values in samples.items()
-        if route != BLOCKING
-    }
-    return {
-        "median_seconds": {route: statistics.median(values) for route, values in samples.items()},
-        "iqr_seconds": {route: [quartiles(values)[0], quartiles(values)[2]] for route, values in samples.items()},
-        "time_relative_to_blocking": {route: middle for route, (_, middle, _) in ratios.items()},
-        "time_relative_to_blocking_iqr": {route: [first, third] for route, (first, _, third) in ratios.items()},
     }
 
 
@@ -391,8 +377,8 @@ def main() -> None:
         routes = []
         for nbytes in QUICK_SIZES if args.quick else args.sizes or ROUTE_SIZES:
             calls = 2 if args.quick else max(2, min(100, BYTES_PER_ROUND // nbytes))
-            routes.append({"bytes": nbytes, **summarize_routes(timed_rounds(comm, route_runs(nbytes, ours), calls,
-                                                                             rounds))})
+            samples = timed_rounds(comm, route_runs(nbytes, ours), calls, rounds)
+            routes.append({"bytes": nbytes, **summarize(samples, BLOCKING, "time_relative_to_blocking")})
 
         sync_dist_samples = timed_rounds(comm, sync_dist_runs(ours, comm.Get_size()), 2 if args.quick else 20, rounds)
         sync_dist = summarize(sync_dist_samples)

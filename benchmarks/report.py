@@ -109,8 +109,9 @@ def _mpi_markdown(mpi: dict) -> str:
         lines.append(f"| {row['bytes'] >> 10} KiB | {seconds['mpi4py backend'] * 1e6:.0f} µs | "
                      f"{seconds['gloo'] * 1e6:.0f} µs | {row['ours_speed_relative_to']['gloo']:.2f}x |")
     tail = mpi["ddp_backward_tail"]["median_seconds"]
-    lines += ["", f"DDP backward's wait for outstanding buckets after the last one was ready: "
-                  f"{tail['mpi4py backend'] * 1e3:.2f} ms with the mpi4py backend, {tail['gloo'] * 1e3:.2f} ms with gloo.",
+    lines += ["", "DDP backward's wait for outstanding buckets after the last one was ready: "
+                  f"{tail['mpi4py backend'] * 1e3:.2f} ms with the mpi4py backend, "
+                  f"{tail['gloo'] * 1e3:.2f} ms with gloo.",
               "", "| allreduce size | blocking | async_op, wait() | async_op, future (DDP's route) | future/blocking |",
               "|---:|---:|---:|---:|---:|"]
     for row in mpi["completion_routes"]:

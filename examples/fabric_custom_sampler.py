@@ -19,10 +19,11 @@ from torch.utils.data import DataLoader, Sampler, TensorDataset
 from lightning_dist_hooks import Fabric  # lightning_dist_hooks.lightning.Fabric for `import lightning as L`
 
 
-def setup_distributed_backend(backend, init_method, rank, world_size, timeout):
+def setup_distributed_backend(backend, init_method, rank, world_size, timeout, device_id=None):
     """The LightningModule hook's signature; here it only says what it got, then does the default."""
     print(f"rank {rank}: init_process_group({backend!r}, {init_method!r}, world_size={world_size})", flush=True)
-    dist.init_process_group(backend, init_method=init_method, rank=rank, world_size=world_size, timeout=timeout)
+    dist.init_process_group(backend, init_method=init_method, rank=rank, world_size=world_size, timeout=timeout,
+                            device_id=device_id)  # None on CPU; the rank's GPU with CUDA, as Lightning binds it
 
 
 class EveryNth(Sampler):

@@ -46,6 +46,10 @@ def classes_for(flavour: Flavour, module: str) -> SimpleNamespace:
         SamplerHookDataConnector=sampler_hook_data_connector(flavour, module),
     )
     for name, cls in vars(made).items():
+        made_as = cls.__qualname__  # "classes_for.<locals>.Trainer"; its generated methods are named after it
         cls.__module__, cls.__qualname__ = module, name
-    Trainer.__init__.__module__, Trainer.__init__.__qualname__ = module, "Trainer.__init__"
+        for attribute in vars(cls).values():
+            if getattr(attribute, "__qualname__", "").startswith(f"{made_as}."):
+                attribute.__module__ = module
+                attribute.__qualname__ = name + attribute.__qualname__.removeprefix(made_as)
     return made

@@ -8,9 +8,21 @@ from typing import Any, Callable, Optional
 from lightning_dist_hooks import _lightning_internals
 from lightning_dist_hooks._lightning_internals import check_same_package
 from lightning_dist_hooks.config import ProcessGroupConfig
+from lightning_dist_hooks.signatures import keyword_parameter, with_documented_arguments, with_keyword_parameters
+from lightning_dist_hooks.trainer import FLAG_DOCS
 from lightning_dist_hooks.wiring import apply_flags, with_detected_cluster_environment
 
-SetupDistributedBackend = Callable[[str, str, int, int, timedelta], None]
+SetupDistributedBackend = Callable[..., None]  # (backend, init_method, rank, world_size, timeout[, device_id])
+
+# Our parameters, as they appear in the Fabric's signature and ``help()``.
+FABRIC_PARAMETER_DOCS = {
+    **FLAG_DOCS,
+    "setup_distributed_backend": (
+        "called on every rank, with the signature and contract of the LightningModule hook of that name, to create "
+        "the default process group; None calls ``init_process_group`` once. With ``strategy=\"ddp_spawn\"`` it must "
+        "be picklable (a module-level function)."
+    ),
+}
 
 
 class DistributedHooksFabricMixin:
@@ -18,9 +30,9 @@ class DistributedHooksFabricMixin:
 
     Fabric has no LightningModule to hold a hook, so the hook is a constructor argument::
 
-        def setup_distributed_backend(backend, init_method, rank, world_size, timeout):
+        def setup_distributed_backend(backend, init_method, rank, world_size, timeout, device_id=None):
             torch.distributed.init_process_group(backend, init_method=init_method, rank=rank,
-                                                 world_size=world_size, timeout=timeout)
+                                                 world_size=world_size, timeout=timeout, device_id=device_id)
 
         fabric = Fabric(accelerator="cpu", devices=2, strategy="ddp", torch_dist_backend="gloo",
                         torch_dist_init_method="file:///shared/runs/", setup_distributed_backend=setup_distributed_backend)
@@ -29,15 +41,21 @@ class DistributedHooksFabricMixin:
     Args:
         torch_dist_backend: as the Trainer's.
         torch_dist_init_method: as the Trainer's.
-        setup_distributed_backend: called on every rank, with the signature and contract of the LightningModule hook
-            of that name, to create the default process group; None calls ``init_process_group`` once. With
-            ``strategy="ddp_spawn"`` it must be picklable (a module-level function).
+        setup_distributed_backend: see ``FABRIC_PARAMETER_DOCS``.
 
     Samplers: Fabric already lets you choose. ``fabric.setup_dataloaders(loader, use_distributed_sampler=False)``
     keeps the loader's own sampler, so give it your distributed sampler (built with ``fabric.global_rank`` and
     ``fabric.world_size`` after ``fabric.launch()``); with the default ``True``, Fabric injects a
     ``DistributedSampler`` as Lightning's Trainer does.
+
+    A class with this mixin in front of a Fabric gets an ``__init__`` whose signature and docstring are the parent's
+    plus ours.
     """
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if DistributedHooksFabricMixin in cls.__bases__ and "__init__" not in cls.__dict__:
+            cls.__init__ = _init_with_full_signature(cls)  # type: ignore[method-assign]
 
     def __init__(
         self,
@@ -51,7 +69,8 @@ class DistributedHooksFabricMixin:
         if setup_distributed_backend is not None and not callable(setup_distributed_backend):
             raise TypeError(
                 f"setup_distributed_backend={setup_distributed_backend!r} is not callable. Pass a function "
-                "(backend, init_method, rank, world_size, timeout) that creates the default process group, or None."
+                "(backend, init_method, rank, world_size, timeout, device_id=None) that creates the default process "
+                "group, or None."
             )
         flavour = _lightning_internals.flavour_of(type(self))
         if flavour is None:
@@ -73,3 +92,29 @@ class DistributedHooksFabricMixin:
     def torch_dist_init_method(self) -> Optional[str]:
         """The validated ``torch_dist_init_method`` (``file:///DIR/`` resolved to this launch's file), or None."""
         return self._process_group_config.init_method
+
+
+def _init_with_full_signature(cls: type) -> Callable[..., None]:
+    """An ``__init__`` for ``cls``: the mixin's, with the parent Fabric's signature and docstring plus ours.
+
+    Lightning documents Fabric's arguments on the class, not on ``__init__``: that is the docstring extended.
+    """
+    parent = cls.__mro__[cls.__mro__.index(DistributedHooksFabricMixin) + 1]
+    parent_init = parent.__init__
+
+    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+        DistributedHooksFabricMixin.__init__(self, *args, **kwargs)
+
+    __init__.__qualname__ = f"{cls.__qualname__}.__init__"
+    __init__.__module__ = cls.__module__
+    __init__.__signature__ = with_keyword_parameters(  # type: ignore[attr-defined]
+        parent_init,
+        {
+            **{name: keyword_parameter(name, Optional[str]) for name in FLAG_DOCS},
+            "setup_distributed_backend": keyword_parameter(
+                "setup_distributed_backend", Optional[SetupDistributedBackend]
+            ),
+        },
+    )
+    __init__.__doc__ = with_documented_arguments(parent_init.__doc__ or parent.__doc__ or "", FABRIC_PARAMETER_DOCS)
+    return __init__

@@ -7,9 +7,11 @@ hints. This module imports no Lightning package: the mixin serves both.
 
 from __future__ import annotations
 
+import inspect
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, Callable, Optional
 
+import torch
 import torch.distributed
 from torch.utils.data import DataLoader, Sampler
 
@@ -20,12 +22,30 @@ if TYPE_CHECKING:
 
 
 def default_setup_distributed_backend(
-    backend: str, init_method: str, rank: int, world_size: int, timeout: timedelta
+    backend: str,
+    init_method: str,
+    rank: int,
+    world_size: int,
+    timeout: timedelta,
+    device_id: Optional[torch.device] = None,
 ) -> None:
-    """What ``setup_distributed_backend`` does unless overridden: exactly one ``init_process_group`` call."""
+    """What ``setup_distributed_backend`` does unless overridden: exactly one ``init_process_group`` call, with the
+    arguments Lightning passes (``device_id`` binds an NCCL group to the rank's GPU; None on CPU)."""
     torch.distributed.init_process_group(
-        backend=backend, init_method=init_method, rank=rank, world_size=world_size, timeout=timeout
+        backend=backend, init_method=init_method, rank=rank, world_size=world_size, timeout=timeout, device_id=device_id
     )
+
+
+def takes_device_id(hook: Callable[..., Any]) -> bool:
+    """Whether ``hook`` accepts ``device_id``: hooks written with the five-argument signature are called without it.
+
+    >>> takes_device_id(default_setup_distributed_backend)
+    True
+    >>> takes_device_id(lambda backend, init_method, rank, world_size, timeout: None)
+    False
+    """
+    parameters = inspect.signature(hook).parameters.values()
+    return any(p.name == "device_id" or p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters)
 
 
 def lightning_default_sampler(trainer: "Trainer", dataloader: DataLoader, stage: "RunningStage") -> Optional[Sampler]:
@@ -44,9 +64,9 @@ class DistributedHooksMixin:
     Example::
 
         class Model(DistributedHooksMixin, pl.LightningModule):  # or L.LightningModule
-            def setup_distributed_backend(self, backend, init_method, rank, world_size, timeout):
+            def setup_distributed_backend(self, backend, init_method, rank, world_size, timeout, device_id=None):
                 os.environ.setdefault("GLOO_SOCKET_IFNAME", "ib0")
-                super().setup_distributed_backend(backend, init_method, rank, world_size, timeout)
+                super().setup_distributed_backend(backend, init_method, rank, world_size, timeout, device_id)
 
             def configure_sampler(self, dataloader, stage):
                 if stage == "train":
@@ -57,7 +77,13 @@ class DistributedHooksMixin:
     trainer: "Trainer"
 
     def setup_distributed_backend(
-        self, backend: str, init_method: str, rank: int, world_size: int, timeout: timedelta
+        self,
+        backend: str,
+        init_method: str,
+        rank: int,
+        world_size: int,
+        timeout: timedelta,
+        device_id: Optional[torch.device] = None,
     ) -> None:
         """Create the default process group of this rank. Called once per rank, before any collective.
 
@@ -68,11 +94,19 @@ class DistributedHooksMixin:
             rank: this process's global rank.
             world_size: the number of processes.
             timeout: the strategy's process-group timeout.
+            device_id: this rank's device when it is an accelerator (``torch.device("cuda", local_rank)``), None on
+                CPU: what Lightning passes to ``init_process_group(device_id=...)``, so that NCCL binds the group to
+                the rank's GPU at once. It is already the current CUDA device. An override declared without this
+                parameter (the five-argument form) is called without it.
 
         An override may build the group any way it likes; when it returns, the default group must exist with
-        this ``rank`` and ``world_size``.
+        this ``rank`` and ``world_size``. On GPUs, pass ``device_id`` on as Lightning does::
+
+            def setup_distributed_backend(self, backend, init_method, rank, world_size, timeout, device_id=None):
+                torch.distributed.init_process_group(backend, init_method=init_method, rank=rank,
+                                                     world_size=world_size, timeout=timeout, device_id=device_id)
         """
-        default_setup_distributed_backend(backend, init_method, rank, world_size, timeout)
+        default_setup_distributed_backend(backend, init_method, rank, world_size, timeout, device_id)
 
     def configure_sampler(self, dataloader: DataLoader, stage: "RunningStage") -> Optional[Sampler]:
         """Choose the sampler of ``dataloader``; called for every DataLoader the Trainer prepares.

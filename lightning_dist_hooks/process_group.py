@@ -8,10 +8,12 @@ from datetime import timedelta
 from multiprocessing.util import Finalize
 from typing import Any, Callable, Optional
 
+import torch
 import torch.distributed
 from torch.distributed.constants import default_pg_timeout
 
 from lightning_dist_hooks import _lightning_internals
+from lightning_dist_hooks.hooks import takes_device_id
 from lightning_dist_hooks.init_methods import InitMethod, Rendezvous, init_method_handler
 from lightning_dist_hooks.progress import missing_ranks_query, rendezvous_progress
 from lightning_dist_hooks.rendezvous_deadline import rendezvous_deadline
@@ -32,6 +34,7 @@ def create_process_group(strategy: Any, init_method: Optional[str], hook: Callab
     process's lifetime.
     """
     rank, world_size = strategy.global_rank, strategy.world_size
+    device_id = lightning_device_id(strategy)
     backend = _lightning_internals.resolved_process_group_backend(strategy)
     timeout = _lightning_internals.process_group_timeout(strategy) or default_pg_timeout
     assert strategy.cluster_environment is not None
@@ -50,7 +53,8 @@ def create_process_group(strategy: Any, init_method: Optional[str], hook: Callab
     try:
         with rendezvous_progress(rank, world_size, url, timeout, missing), \
                 rendezvous_deadline(rank, world_size, url, timeout, missing):
-            hook(backend, rendezvous.init_method, rank, world_size, timeout)
+            hook(backend, rendezvous.init_method, rank, world_size, timeout,
+                 **({"device_id": device_id} if takes_device_id(hook) else {}))
     except Exception as error:
         if _is_rendezvous_timeout(error, time.monotonic() - started, timeout):
             raise DistributedSetupError(
@@ -68,6 +72,18 @@ def create_process_group(strategy: Any, init_method: Optional[str], hook: Callab
         f"{'-' * 100}\ndistributed_backend={backend}, init_method={rendezvous.init_method}\n"
         f"All distributed processes registered. Starting with {world_size} processes\n{'-' * 100}\n"
     )
+
+
+def lightning_device_id(strategy: Any) -> Optional[torch.device]:
+    """The ``device_id`` Lightning's strategies pass to ``init_process_group``: the rank's device unless it is the
+    CPU. A CUDA device is made the current one first: Lightning's ``setup_environment`` does that (the
+    accelerator's ``setup_device``) before it creates the group, and ours runs before it."""
+    device = strategy.root_device
+    if device.type == "cpu":
+        return None
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    return device
 
 
 def check_default_group(rank: int, world_size: int) -> None:

@@ -9,6 +9,12 @@ from lightning_dist_hooks import _lightning_internals
 from lightning_dist_hooks._lightning_internals import Flavour, check_same_package
 from lightning_dist_hooks.config import ProcessGroupConfig
 from lightning_dist_hooks.sampling import install_sampler_hook
+from lightning_dist_hooks.signatures import (
+    keyword_parameter,
+    presented_as,
+    with_documented_arguments,
+    with_keyword_parameters,
+)
 from lightning_dist_hooks.wiring import apply_flags, with_detected_cluster_environment
 
 # Our parameters, as they appear in the Trainer's signature, ``--help`` and ``LightningCLI``.
@@ -46,13 +52,21 @@ class DistributedHooksTrainerMixin:
 
     Both are checked here, before any process starts; a bad value raises ``ValueError`` naming it and the fix.
     All other arguments are the parent Trainer's, unchanged. The class gets an ``__init__`` whose signature is the
-    parent's plus ours, so that ``inspect.signature``, ``PL_TRAINER_*`` defaults and ``LightningCLI`` see both.
+    parent's plus ours, so that ``inspect.signature``, ``PL_TRAINER_*`` defaults and ``LightningCLI`` see both, and
+    ``fit``, ``validate``, ``test`` and ``predict`` with the parent's signatures and docstrings.
     """
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
-        if DistributedHooksTrainerMixin in cls.__bases__ and "__init__" not in cls.__dict__:
+        if DistributedHooksTrainerMixin not in cls.__bases__:
+            return
+        if "__init__" not in cls.__dict__:
             cls.__init__ = _init_with_full_signature(cls)  # type: ignore[method-assign]
+        parent = super(DistributedHooksTrainerMixin, cls)
+        for name in _RUN_METHODS:
+            if name not in cls.__dict__:
+                implementation = getattr(DistributedHooksTrainerMixin, name)
+                setattr(cls, name, presented_as(getattr(parent, name), implementation, cls))
 
     def __init__(
         self,
@@ -88,6 +102,9 @@ class DistributedHooksTrainerMixin:
     def predict(self, model: Any = None, *args: Any, **kwargs: Any) -> Any:
         check_same_package(self, {"model": model, **kwargs})
         return super().predict(model, *args, **kwargs)  # type: ignore[misc]
+
+
+_RUN_METHODS = ("fit", "validate", "test", "predict")
 
 
 def trainer_flavour(trainer_class: type) -> Flavour:
@@ -143,32 +160,8 @@ def _init_with_full_signature(cls: type) -> Callable[..., None]:
         __init__.__signature__ = inspect.signature(parent_init)  # type: ignore[attr-defined]
         __init__.__doc__ = parent_init.__doc__
         return __init__
-    __init__.__signature__ = _full_signature(parent_init)  # type: ignore[attr-defined]
-    __init__.__doc__ = _full_docstring(parent_init.__doc__ or "")
+    __init__.__signature__ = with_keyword_parameters(  # type: ignore[attr-defined]
+        parent_init, {name: keyword_parameter(name, Optional[str]) for name in FLAG_DOCS}
+    )
+    __init__.__doc__ = with_documented_arguments(parent_init.__doc__ or "", FLAG_DOCS)
     return flavour.with_env_defaults(__init__)
-
-
-def _full_signature(parent_init: Callable[..., None]) -> inspect.Signature:
-    signature = inspect.signature(parent_init, eval_str=True)
-    ours = [
-        inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=None, annotation=Optional[str])
-        for name in FLAG_DOCS
-    ]
-    parameters = list(signature.parameters.values())
-    variadic = [p for p in parameters if p.kind == inspect.Parameter.VAR_KEYWORD]
-    plain = [p for p in parameters if p.kind != inspect.Parameter.VAR_KEYWORD]
-    return signature.replace(parameters=[*plain, *ours, *variadic])
-
-
-def _full_docstring(parent_doc: str) -> str:
-    """The parent's docstring with our flags added at the end of its ``Args:`` section."""
-    lines = inspect.cleandoc(parent_doc).splitlines()
-    ours = [f"    {name}: {text}" for name, text in FLAG_DOCS.items()]
-    if "Args:" not in lines:
-        return "\n".join([*lines, "", "Args:", *ours])
-    end = lines.index("Args:") + 1
-    while end < len(lines) and (not lines[end].strip() or lines[end].startswith(" ")):
-        end += 1
-    while not lines[end - 1].strip():
-        end -= 1
-    return "\n".join([*lines[:end], *ours, *lines[end:]])

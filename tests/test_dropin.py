@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import inspect
 import pickle
 
@@ -75,6 +76,33 @@ def test_signature_is_lightnings_plus_ours_and_env_defaults_reach_both(package, 
     trainer = package.ours.Trainer(accelerator="cpu", logger=False)
     assert (trainer.max_epochs, trainer.torch_dist_backend) == (7, "gloo")
     assert package.ours.Trainer(accelerator="cpu", logger=False, max_epochs=3).max_epochs == 3  # an argument wins
+
+
+@both_packages
+def test_fit_validate_test_and_predict_show_lightnings_signatures_and_docstrings(package):
+    trainer = package.ours.Trainer(accelerator="cpu", logger=False)
+    lightnings = package.pl.Trainer(accelerator="cpu", logger=False)
+    for name in ("fit", "validate", "test", "predict"):
+        assert inspect.signature(getattr(trainer, name)) == inspect.signature(getattr(lightnings, name))
+        assert getattr(type(trainer), name).__doc__ == getattr(package.pl.Trainer, name).__doc__
+        assert getattr(type(trainer), name).__qualname__ == f"Trainer.{name}"
+    # Lightning's own tests_pytorch/test_cli.py::test_lightning_cli_subcommands: what LightningCLI exposes per
+    # subcommand must be parameters of that Trainer method.
+    cli = importlib.import_module(f"{package.pytorch_module}.cli")
+    for subcommand, parameters in cli.LightningCLI.subcommands().items():
+        assert set(parameters) <= set(inspect.signature(getattr(trainer, subcommand)).parameters), subcommand
+
+
+@both_packages
+def test_fabric_signature_and_docstring_are_lightnings_plus_ours(package):
+    lightnings = inspect.signature(package.fabric.Fabric).parameters
+    ours = inspect.signature(package.ours.Fabric).parameters
+    assert list(ours) == [*lightnings, "torch_dist_backend", "torch_dist_init_method", "setup_distributed_backend"]
+    assert all(ours[name] == parameter for name, parameter in lightnings.items())
+    documentation = package.ours.Fabric.__init__.__doc__  # Lightning documents Fabric's arguments on the class
+    assert documentation.startswith(inspect.cleandoc(package.fabric.Fabric.__doc__).splitlines()[0])
+    assert "    precision: " in documentation
+    assert "    setup_distributed_backend: called on every rank" in documentation
 
 
 @both_packages

@@ -44,6 +44,7 @@ def assert_two_rank_run(result: JobResult, package, environment: str, backend: s
         assert (record["environment"], record["world_size"]) == (environment, 2)
         (call,) = record["setup_calls"]
         assert (call["backend"], call["rank"], call["world_size"]) == (backend, rank, 2)
+        assert call["device_id"] is None  # the hook takes device_id; on CPU there is none to bind
         assert call["init_method"].startswith(init_method_prefix)
         assert record["seen"] == list(range(rank, 24, 2))  # the user's sampler, not an injected one
         assert record["samples_on_all_ranks"] == 24

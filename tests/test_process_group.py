@@ -133,7 +133,7 @@ def test_setup_hook_runs_once_per_rank_with_the_resolved_values(run_job, tmp_pat
     for rank, record in result.ranks.items():
         assert record["setup_calls"] == [{
             "backend": "gloo", "init_method": used, "rank": rank, "world_size": 2, "timeout_s": 1800.0,
-            "initialized_before": False, "rendezvous_file_mode": "0o600",
+            "initialized_before": False, "device_id": None, "rendezvous_file_mode": "0o600",  # CPU: no device
         }]
         assert record["process_group_backend"] == "gloo"
     assert result.same_on_all_ranks("weights_sha256")

@@ -207,9 +207,9 @@ class DoctorModule(LightningModule):
         self.checkup = checkup
 
     def setup_distributed_backend(self, backend: str, init_method: str, rank: int, world_size: int,
-                                  timeout: timedelta) -> None:
+                                  timeout: timedelta, device_id: Optional[torch.device] = None) -> None:
         self.checkup.check_before_rendezvous(self.trainer, backend, init_method, rank, world_size)
-        super().setup_distributed_backend(backend, init_method, rank, world_size, timeout)
+        super().setup_distributed_backend(backend, init_method, rank, world_size, timeout, device_id)
         self.checkup.check_after_rendezvous(self.device)
 
     def validation_step(self, batch: Any, batch_idx: int) -> None:

@@ -22,10 +22,12 @@ DATASET_SIZE = 24
 setup_calls: list[dict] = []
 
 
-def recording_setup_distributed_backend(backend, init_method, rank, world_size, timeout):
+def recording_setup_distributed_backend(backend, init_method, rank, world_size, timeout, device_id=None):
     """Module-level, so that ``ddp_spawn`` can pickle it by reference."""
-    setup_calls.append({"backend": backend, "init_method": init_method, "rank": rank, "world_size": world_size})
-    dist.init_process_group(backend, init_method=init_method, rank=rank, world_size=world_size, timeout=timeout)
+    setup_calls.append({"backend": backend, "init_method": init_method, "rank": rank, "world_size": world_size,
+                        "device_id": None if device_id is None else str(device_id)})
+    dist.init_process_group(backend, init_method=init_method, rank=rank, world_size=world_size, timeout=timeout,
+                            device_id=device_id)
 
 
 class StridedSampler(Sampler):
@@ -39,6 +41,12 @@ class StridedSampler(Sampler):
 
     def __len__(self) -> int:
         return len(self.indices)
+
+
+def _bound_device() -> str | None:
+    """The device the default process group was bound to at creation (``init_process_group(device_id=...)``)."""
+    bound = dist.distributed_c10d._get_default_group().bound_device_id
+    return None if bound is None else str(bound)
 
 
 def train(fabric, out: str) -> None:
@@ -66,7 +74,8 @@ def train(fabric, out: str) -> None:
         "process_group_backend": dist.get_backend(),
         "seen": seen,
         "samples_on_all_ranks": int(fabric.all_reduce(torch.tensor(len(seen)), reduce_op="sum").item()),
-        "weights_sha256": hashlib.sha256(b"".join(p.detach().numpy().tobytes() for p in model.parameters())).hexdigest(),
+        "weights_sha256": hashlib.sha256(b"".join(p.detach().cpu().numpy().tobytes() for p in model.parameters())).hexdigest(),
+        "bound_device": _bound_device(),
         "pid": os.getpid(),
     }
     Path(out).mkdir(parents=True, exist_ok=True)
@@ -77,6 +86,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--package", choices=sorted(PACKAGES), default="pytorch_lightning")
     parser.add_argument("--strategy", default="ddp")
+    parser.add_argument("--accelerator", default="cpu")
     parser.add_argument("--devices", type=int, default=2)
     parser.add_argument("--backend")
     parser.add_argument("--init-method")
@@ -84,7 +94,7 @@ def main() -> None:
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
     ours = importlib.import_module(PACKAGES[args.package])
-    fabric = ours.Fabric(accelerator="cpu", devices=args.devices, strategy=args.strategy,
+    fabric = ours.Fabric(accelerator=args.accelerator, devices=args.devices, strategy=args.strategy,
                          torch_dist_backend=args.backend, torch_dist_init_method=args.init_method,
                          setup_distributed_backend=recording_setup_distributed_backend if args.setup_hook else None)
     fabric.launch(train, args.out)

@@ -42,6 +42,14 @@ def announce_failure() -> None:
     print(f"injecting a failure at {time.time()}", flush=True)
 
 
+def _bound_device() -> str | None:
+    """The device the default process group was bound to at creation (``init_process_group(device_id=...)``)."""
+    if not dist.is_initialized():
+        return None
+    bound = dist.distributed_c10d._get_default_group().bound_device_id
+    return None if bound is None else str(bound)
+
+
 class IndexedDataset(Dataset):
     """Sample i is (i, x_i, y_i), so every rank can report exactly which samples it trained on."""
 
@@ -135,12 +143,13 @@ class JobModule(pl.LightningModule):
             "setup_calls": self.setup_calls,
             "weights": [p.detach().flatten().tolist() for p in self.parameters()],
             "weights_sha256": hashlib.sha256(
-                b"".join(p.detach().numpy().tobytes() for p in self.parameters())
+                b"".join(p.detach().cpu().numpy().tobytes() for p in self.parameters())
             ).hexdigest(),
             "strategy": type(self.trainer.strategy).__name__,
             "trainer_mro": [f"{cls.__module__}.{cls.__qualname__}" for cls in type(self.trainer).__mro__],
             "strategy_kwargs": getattr(self.trainer.strategy, "_ddp_kwargs", {}),
             "process_group_backend": dist.get_backend() if dist.is_initialized() else None,
+            "bound_device": _bound_device(),
             "store": _default_store_chain(),
             "environment": type(getattr(self.trainer.strategy, "cluster_environment", None)).__name__,
             "local_rank": self.local_rank,
@@ -177,13 +186,14 @@ def _default_store_chain() -> list[str]:
 
 
 class RecordingSetupHook:
-    def setup_distributed_backend(self, backend, init_method, rank, world_size, timeout):
+    def setup_distributed_backend(self, backend, init_method, rank, world_size, timeout, device_id=None):
         self.setup_calls.append(
             {"backend": backend, "init_method": init_method, "rank": rank, "world_size": world_size,
-             "timeout_s": timeout.total_seconds(), "initialized_before": dist.is_initialized()}
+             "timeout_s": timeout.total_seconds(), "initialized_before": dist.is_initialized(),
+             "device_id": None if device_id is None else str(device_id)}
         )
         dist.init_process_group(backend=backend, init_method=init_method, rank=rank, world_size=world_size,
-                                timeout=timeout)
+                                timeout=timeout, device_id=device_id)
         if init_method.startswith("file://"):
             self.setup_calls[-1]["rendezvous_file_mode"] = oct(os.stat(init_method[len("file://"):]).st_mode & 0o777)
 
@@ -309,6 +319,7 @@ def main() -> None:
     parser.add_argument("--package", choices=sorted(PACKAGES), default="pytorch_lightning")
     parser.add_argument("--trainer", choices=["pl", "ldh"], default="ldh")
     parser.add_argument("--strategy", default="ddp")
+    parser.add_argument("--accelerator", default="cpu")
     parser.add_argument("--devices", type=int, default=2)
     parser.add_argument("--num-nodes", type=int, default=1)
     parser.add_argument("--backend")
@@ -334,7 +345,7 @@ def main() -> None:
 
     pl.seed_everything(7)
     plugins = [ENVIRONMENTS[args.cluster_environment]()] if args.cluster_environment else None
-    common = dict(plugins=plugins, accelerator="cpu", devices=args.devices, num_nodes=args.num_nodes, strategy=build_strategy(args),
+    common = dict(plugins=plugins, accelerator=args.accelerator, devices=args.devices, num_nodes=args.num_nodes, strategy=build_strategy(args),
                   max_epochs=args.epochs, logger=False, enable_checkpointing=False, enable_progress_bar=False,
                   enable_model_summary=False, num_sanity_val_steps=1)
     if args.trainer == "pl":
