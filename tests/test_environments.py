@@ -223,14 +223,23 @@ def test_a_process_no_launcher_started_gets_lightnings_environment_without_a_det
     assert with_detected_cluster_environment(kwargs, PYTORCH_LIGHTNING) is kwargs
 
 
+# Sockets of this process and of its children: the singleton's orted is a child, and another run's orted, which
+# outlives its own process for a moment, is not counted.
 _TRAINER_AND_ITS_LISTENERS = """
-import os, subprocess, sys
+import os, re, subprocess, sys
 import pytorch_lightning
 from lightning_dist_hooks import Trainer
 trainer = (pytorch_lightning.Trainer if sys.argv[1] == "lightning" else Trainer)(
     accelerator="cpu", devices=2, strategy="ddp", logger=False)
+
+def ours_or_our_childs(pid):
+    try:
+        return pid == os.getpid() or int(open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[1]) == os.getpid()
+    except OSError:
+        return False
+
 listening = [line for line in subprocess.run(["ss", "-Hltnp"], capture_output=True, text=True).stdout.splitlines()
-             if f"pid={os.getpid()}," in line or '"orted"' in line]
+             if any(ours_or_our_childs(int(pid)) for pid in re.findall(r"pid=(\\d+)", line))]
 print(type(trainer.strategy.cluster_environment).__name__, "mpi4py.MPI" in sys.modules, len(listening))
 """
 
