@@ -9,7 +9,7 @@ from lightning_dist_hooks import _lightning_internals
 from lightning_dist_hooks._lightning_internals import check_same_package
 from lightning_dist_hooks.config import ProcessGroupConfig
 from lightning_dist_hooks.signatures import keyword_parameter, with_documented_arguments, with_keyword_parameters
-from lightning_dist_hooks.trainer import FLAG_DOCS
+from lightning_dist_hooks.trainer import FLAG_DOCS, FLAG_PARAMETERS
 from lightning_dist_hooks.wiring import apply_flags, with_detected_cluster_environment
 
 SetupDistributedBackend = Callable[..., None]  # (backend, init_method, rank, world_size, timeout[, device_id])
@@ -110,7 +110,7 @@ def _init_with_full_signature(cls: type) -> Callable[..., None]:
     __init__.__signature__ = with_keyword_parameters(  # type: ignore[attr-defined]
         parent_init,
         {
-            **{name: keyword_parameter(name, Optional[str]) for name in FLAG_DOCS},
+            **FLAG_PARAMETERS,
             "setup_distributed_backend": keyword_parameter(
                 "setup_distributed_backend", Optional[SetupDistributedBackend]
             ),

@@ -32,6 +32,10 @@ FLAG_DOCS = {
 }
 
 
+# The same, as keyword-only parameters of the generated signatures.
+FLAG_PARAMETERS = {name: keyword_parameter(name, Optional[str]) for name in FLAG_DOCS}
+
+
 class DistributedHooksTrainerMixin:
     """Adds ``torch_dist_backend``, ``torch_dist_init_method`` and the two hooks to a Trainer class.
 
@@ -160,8 +164,6 @@ def _init_with_full_signature(cls: type) -> Callable[..., None]:
         __init__.__signature__ = inspect.signature(parent_init)  # type: ignore[attr-defined]
         __init__.__doc__ = parent_init.__doc__
         return __init__
-    __init__.__signature__ = with_keyword_parameters(  # type: ignore[attr-defined]
-        parent_init, {name: keyword_parameter(name, Optional[str]) for name in FLAG_DOCS}
-    )
+    __init__.__signature__ = with_keyword_parameters(parent_init, FLAG_PARAMETERS)  # type: ignore[attr-defined]
     __init__.__doc__ = with_documented_arguments(parent_init.__doc__ or "", FLAG_DOCS)
     return flavour.with_env_defaults(__init__)

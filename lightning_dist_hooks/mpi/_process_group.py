@@ -225,7 +225,7 @@ class MpiProcessGroup(dist.ProcessGroup):
                 mpi_type, mpi_op, finish = target
                 values = [self._mpi.buffer.fromaddress(tensor.data_ptr(), tensor.nbytes), tensor.numel(), mpi_type]
                 started = (time.monotonic(), self._watch, _describe_allreduce, reduce_op, tensors)
-                if (not opts.asyncOp or tensor.nbytes <= EAGER_COLLECTIVE_BYTES) and self._collectives.is_idle():
+                if self._runs_here(opts, tensor.nbytes):
                     self._engine.call_blocking(started, self._comm.Allreduce, self._mpi.IN_PLACE, values, mpi_op)
                     if finish is not None:
                         finish(tensor)
@@ -414,8 +414,7 @@ class MpiProcessGroup(dist.ProcessGroup):
         return self._run(lambda: f"alltoall of {_describe(inputs)}", outputs, [part], opts)
 
     def barrier(self, opts: dist.BarrierOptions | None = None) -> dist.Work:
-        # dist.barrier(): Lightning's sync_dist runs one per metric
-        if opts is not None and not opts.asyncOp and self._collectives.is_idle():
+        if self._runs_here(opts, 0):  # dist.barrier(): Lightning's sync_dist runs one per metric
             self._engine.call_blocking((time.monotonic(), self._watch, _describe_barrier), self._comm.Barrier)
             return completed_work([])
         return self._run(_describe_barrier, [], [_Part(MpiCall("Barrier", (), ()))], opts)
@@ -453,15 +452,20 @@ class MpiProcessGroup(dist.ProcessGroup):
             calls, finish = [parts[0].call], parts[0].finish
         else:
             calls, finish = [part.call for part in parts], _finish_all(parts)
-        # ``asyncOp`` is False only when torch.distributed's Python API waits right after the call; C++ callers
-        # (DDP's reducer) and async_op=True leave it True.
-        runs_here = (opts is not None and not opts.asyncOp) or _payload_bytes(calls) <= EAGER_COLLECTIVE_BYTES
-        if runs_here and self._collectives.is_idle():
+        if self._runs_here(opts, _payload_bytes(calls)):
             self._engine.run_blocking(self._comm, calls, (time.monotonic(), self._watch, describe))
             if finish is not None:
                 finish()
             return completed_work(outputs)
         return self._queue((time.monotonic(), self._watch, describe), outputs, calls, finish, opts)
+
+    def _runs_here(self, opts: _Options | None, payload_bytes: int) -> bool:
+        """Whether a collective runs on the caller's thread: the caller waits for it anyway, or it is too small to
+        be worth a thread hand-off; and nothing queued before it is still to run (MPI's order is the issue order)."""
+        # ``asyncOp`` is False only when torch.distributed's Python API waits right after the call; C++ callers
+        # (DDP's reducer) and async_op=True leave it True.
+        wanted_here = (opts is not None and not opts.asyncOp) or payload_bytes <= EAGER_COLLECTIVE_BYTES
+        return wanted_here and self._collectives.is_idle()
 
     def _queue(
         self,
