@@ -1,6 +1,12 @@
+import runpy
 from pathlib import Path
 
 from setuptools import find_packages, setup
+
+# The tested ranges live in the package, where its first-use warning reads them too; run as a plain file because
+# torch, which the package imports, may not be installed yet.
+versions = runpy.run_path(str(Path(__file__).with_name("lightning_dist_hooks") / "supported_versions.py"))
+supported = {name: name + specifier for name, specifier in versions["SUPPORTED"].items()}
 
 setup(
     name="lightning-dist-hooks",
@@ -9,19 +15,19 @@ setup(
     long_description=Path(__file__).with_name("README.md").read_text(encoding="utf-8"),
     long_description_content_type="text/markdown",
     packages=find_packages(include=["lightning_dist_hooks", "lightning_dist_hooks.*"]),
-    python_requires=">=3.10",
-    # The ranges this package was tested with; _lightning_internals.py names the Lightning internals it reads
-    # (TESTED_LIGHTNING there is the same range, for both Lightning packages).
-    install_requires=["torch>=2.13,<2.14", "pytorch-lightning>=2.6.6,<2.7"],
+    python_requires=versions["PYTHON"],
+    # A range, never a point: an installed torch inside it is kept (pip replaces none that satisfies it).
+    install_requires=[supported["torch"], supported["pytorch-lightning"]],
     extras_require={
-        "mpi": ["mpi4py>=4.0"],
+        "mpi": [supported["mpi4py"]],
         # The unified package, for `import lightning as L` and lightning_dist_hooks.lightning.
-        "lightning": ["lightning>=2.6.6,<2.7"],
+        "lightning": [supported["lightning"]],
         # LightningCLI's parser, at the version pytorch-lightning's own "extra" asks for.
         "cli": ["jsonargparse[signatures]>=4.39.0"],
-        "test": ["pytest>=8", "pytest-timeout>=2.3", "matplotlib>=3.7", "lightning>=2.6.6,<2.7",
+        "test": ["pytest>=8", "pytest-timeout>=2.3", "matplotlib>=3.7", supported["lightning"],
                  "jsonargparse[signatures]>=4.39.0"],
     },
     entry_points={"console_scripts": ["lightning-dist-hooks-doctor=lightning_dist_hooks.doctor:main"]},
-    classifiers=["Programming Language :: Python :: 3", "Topic :: Scientific/Engineering :: Artificial Intelligence"],
+    classifiers=["Programming Language :: Python :: 3", "Topic :: Scientific/Engineering :: Artificial Intelligence"]
+    + [f"Programming Language :: Python :: 3.{minor}" for minor in range(10, 14)],
 )

@@ -10,23 +10,22 @@ when first asked. Importing ``lightning_dist_hooks`` therefore imports neither p
 Lightning offers no public extension point for three things this package changes: which sampler a dataloader gets
 (``_DataConnector._prepare_dataloader``), the process-group settings a strategy keeps (``_process_group_backend``,
 ``_timeout``) and the env-var defaults wrapper of ``Trainer.__init__``. A Lightning upgrade breaks this one file;
-``TESTED_LIGHTNING`` says which releases it was checked against, and :meth:`Flavour.check_version` says what to
-do when the installed one is outside that range.
+``supported_versions.SUPPORTED`` says which releases it was checked against, and :meth:`Flavour.check_version`
+says what to do when the installed one is outside that range.
 """
 
 from __future__ import annotations
 
 import importlib
 import logging
-import warnings
 from dataclasses import dataclass
 from datetime import timedelta
-from functools import cached_property
-from importlib.metadata import PackageNotFoundError, version
 from types import ModuleType
 from typing import TYPE_CHECKING, Any, Callable, Optional
 
 from torch.utils.data import DataLoader, Sampler
+
+from .supported_versions import warn_if_untested
 
 if TYPE_CHECKING:
     # Type hints only, never imported at run time; the same classes exist in lightning.pytorch/lightning.fabric.
@@ -35,14 +34,6 @@ if TYPE_CHECKING:
     from pytorch_lightning.trainer.states import RunningStage
 
     __all__ = ["ClusterEnvironment", "RunningStage", "Trainer"]
-
-# The Lightning releases whose names below were read and tested (both packages release in lockstep).
-TESTED_LIGHTNING = (">=2.6.6", "<2.7")
-
-
-# The distributions whose installed version was compared with TESTED_LIGHTNING in this process.
-_VERSIONS_CHECKED: set[str] = set()
-
 
 class MixedLightningPackagesError(TypeError):
     """An object of one Lightning package was given to a Trainer or Fabric of the other."""
@@ -72,29 +63,10 @@ class Flavour:
     def fabric_name(self, path: str, name: str) -> Any:
         return self._name(f"{self.fabric}{path}", name)
 
-    @cached_property
-    def installed_version(self) -> Optional[str]:
-        try:
-            return version(self.distribution)
-        except PackageNotFoundError:
-            return None
-
     def check_version(self) -> None:
-        """Warn once, naming the fix, when the installed package is outside ``TESTED_LIGHTNING``."""
-        if self.distribution in _VERSIONS_CHECKED:
-            return
-        _VERSIONS_CHECKED.add(self.distribution)
-        installed = self.installed_version
-        from packaging.specifiers import SpecifierSet  # Lightning's own dependency
-
-        if installed is not None and installed not in SpecifierSet(",".join(TESTED_LIGHTNING)):
-            warnings.warn(
-                f"lightning_dist_hooks was tested with {self.distribution}{','.join(TESTED_LIGHTNING)}, but "
-                f"{installed} is installed. The Lightning internals it relies on (lightning_dist_hooks/"
-                f"_lightning_internals.py) may have changed: install pip install '{self.distribution}"
-                f"{','.join(TESTED_LIGHTNING)}', or a lightning-dist-hooks release tested with {installed}.",
-                stacklevel=4,
-            )
+        """Warn once, naming the fix, when this package or torch is installed outside the tested range."""
+        warn_if_untested(self.distribution)
+        warn_if_untested("torch")
 
     def classes(self) -> ModuleType:
         """This package's classes for this flavour: its Trainer, LightningModule, Fabric, data connector."""

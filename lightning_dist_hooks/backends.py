@@ -117,7 +117,7 @@ def check_mpi_launch(backend: str | None, init_method: str | None, num_devices: 
     MPI is not initialised. Does nothing when neither the backend nor the init method is MPI's.
     """
     uses_backend = backend in MPI_BACKENDS
-    if not uses_backend and not (init_method or "").startswith(mpi.mpi_init_method()):
+    if not uses_backend and not (init_method or "").startswith(mpi.INIT_METHOD):
         return
     flag = f"torch_dist_backend={backend!r}" if uses_backend else f"torch_dist_init_method={init_method!r}"
     expected = num_devices * num_nodes

@@ -19,6 +19,18 @@ from helpers import FIT_JOB, REPO, JobResult, run_command
 collect_ignore = ["jobs", "mpi"]
 
 
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """Under .ci/compat the tests must exercise the installed wheel or sdist, not a source tree beside them."""
+    if os.environ.get("LDH_TEST_INSTALLED_PACKAGE") == "1":
+        import lightning_dist_hooks
+
+        location = Path(lightning_dist_hooks.__file__).resolve()
+        assert Path(sys.prefix).resolve() in location.parents and REPO not in location.parents, (
+            f"LDH_TEST_INSTALLED_PACKAGE=1, but lightning_dist_hooks was imported from {location}, not from the "
+            f"environment {sys.prefix}"
+        )
+
+
 @pytest.fixture
 def run_job(tmp_path: Path):
     """``run_job(*flags)`` runs tests/jobs/fit_job.py with those flags (Lightning's own launcher)."""

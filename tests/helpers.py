@@ -17,8 +17,11 @@ from types import ModuleType
 from typing import Optional
 
 import pytest
+import torch
+from packaging.specifiers import SpecifierSet
 
 from lightning_dist_hooks import mpi
+from lightning_dist_hooks.supported_versions import MPI_TRANSPORT_TORCH
 from lightning_dist_hooks.launcher_variables import without_launcher_variables
 
 REPO = Path(__file__).resolve().parents[1]
@@ -134,9 +137,13 @@ def _open_mpi_mpirun() -> Optional[str]:
 
 OPENMPI_MPIRUN = _open_mpi_mpirun()
 needs_openmpi = pytest.mark.skipif(OPENMPI_MPIRUN is None, reason="OpenMPI's mpirun is not installed (.ci/install)")
+TORCH_FITS_THE_MPI_TRANSPORT = torch.__version__ in SpecifierSet(MPI_TRANSPORT_TORCH)
+needs_transport_torch = pytest.mark.skipif(not TORCH_FITS_THE_MPI_TRANSPORT,
+                                           reason=f"the MPI transport needs torch{MPI_TRANSPORT_TORCH}")
 needs_mpi = pytest.mark.skipif(
-    OPENMPI_MPIRUN is None or not mpi.is_available(),
-    reason="needs Open MPI's mpirun (apt-get install openmpi-bin libopenmpi-dev) and mpi4py (pip install mpi4py)",
+    OPENMPI_MPIRUN is None or not mpi.is_available() or not TORCH_FITS_THE_MPI_TRANSPORT,
+    reason="needs Open MPI's mpirun (apt-get install openmpi-bin libopenmpi-dev), mpi4py (pip install mpi4py) and "
+           f"torch{MPI_TRANSPORT_TORCH} for the MPI transport",
 )
 
 

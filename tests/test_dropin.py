@@ -13,6 +13,9 @@ from lightning_dist_hooks.config import ProcessGroupConfig
 from lightning_dist_hooks.strategy import attach_process_group_config
 from helpers import both_packages
 
+# Part of the fast subset .ci/compat runs at the ends of the supported version ranges.
+pytestmark = pytest.mark.compat
+
 
 @pytest.mark.parametrize(
     ("strategy", "devices", "stages", "package"),

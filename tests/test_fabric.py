@@ -57,6 +57,7 @@ def run(command: list[str], tmp_path: Path, env: dict | None = None) -> JobResul
                        timeout=TIMEOUT + 30, env=env or job_environment())
 
 
+@pytest.mark.compat
 @both_packages
 def test_flags_are_checked_at_construction_with_the_trainers_messages(package):
     with pytest.raises(ValueError) as from_fabric:
@@ -78,6 +79,7 @@ def test_flags_reach_the_strategy_and_the_fabric_stays_lightnings(package, tmp_p
     assert fabric.strategy.process_group_backend == "gloo"
 
 
+@pytest.mark.compat
 @pytest.mark.parametrize("package", BOTH, ids=[package.name for package in BOTH])
 def test_lightnings_launcher_with_a_per_launch_file(package, tmp_path, rendezvous_dir):
     command = fabric_command(package, tmp_path / "out", "--backend", "gloo", "--setup-hook",
@@ -117,6 +119,7 @@ def test_openmpi_mpirun(tmp_path, rendezvous_dir):
     assert list(rendezvous_dir.iterdir()) == []
 
 
+@pytest.mark.compat
 @needs_mpi
 def test_openmpi_mpirun_with_the_mpi_transport(tmp_path):
     command = [*openmpi_run(), *fabric_command(PYTORCH_LIGHTNING, tmp_path / "out", "--backend", "mpi", "--setup-hook")]

@@ -23,6 +23,9 @@ from lightning_dist_hooks.hooks import default_setup_distributed_backend
 from lightning_dist_hooks.process_group import create_process_group
 from lightning_dist_hooks.strategy import attach_process_group_config
 
+# Part of the fast subset .ci/compat runs at the ends of the supported version ranges.
+pytestmark = pytest.mark.compat
+
 FABRIC_JOB = REPO / "tests" / "jobs" / "fabric_job.py"
 CUDA_0 = torch.device("cuda", 0)
 # What torch prints when a barrier must guess the device of a group created without device_id.

@@ -23,6 +23,9 @@ def state():
 
 before = state()
 import lightning_dist_hooks
+
+# Part of the fast subset .ci/compat runs at the ends of the supported version ranges.
+pytestmark = pytest.mark.compat
 modules = [info.name for info in pkgutil.walk_packages(lightning_dist_hooks.__path__, "lightning_dist_hooks.")]
 for name in modules:
     __import__(name)

@@ -64,6 +64,7 @@ def test_lightning_launcher_with_a_per_launch_file(tmp_path, rendezvous_dir, str
     assert "LIGHTNING_DIST_HOOKS_LAUNCH_TOKEN" in result.ranks[0]["setup_calls"][0]["init_method"]
 
 
+@pytest.mark.compat
 @pytest.mark.parametrize("kind", ["env", "tcp", "file-dir"])
 def test_torchrun(tmp_path, rendezvous_dir, free_port, kind):
     init_method = init_method_url(kind, rendezvous_dir, free_port)

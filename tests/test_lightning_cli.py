@@ -14,6 +14,9 @@ import yaml
 
 from helpers import BOTH, REPO, both_packages, job_environment, run_command
 
+# Part of the fast subset .ci/compat runs at the ends of the supported version ranges.
+pytestmark = pytest.mark.compat
+
 CLI_JOB = REPO / "tests" / "jobs" / "cli_job.py"
 
 

@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from helpers import REPO, free_port, job_environment, needs_mpi, openmpi_run, processes_mentioning
+from helpers import (REPO, free_port, job_environment, needs_mpi, needs_transport_torch, openmpi_run,
+                     processes_mentioning)
 from jobs.sockets import listening_tcp_ports
 from lightning_dist_hooks import mpi
 
@@ -54,6 +55,8 @@ def run_mpi(script: Path, *args: str) -> subprocess.CompletedProcess[str]:
 # --- without MPI ----------------------------------------------------------------------------------------------
 
 
+@pytest.mark.compat
+@needs_transport_torch
 def test_register_adds_backend_and_init_method_without_starting_mpi_and_import_adds_nothing() -> None:
     code = """
 import sys
@@ -125,6 +128,7 @@ def collectives_job() -> subprocess.CompletedProcess[str]:
     return run_mpi(SCRIPTS / "collectives.py")
 
 
+@pytest.mark.compat
 @needs_mpi
 def test_every_collective_gives_the_expected_values(collectives_job: subprocess.CompletedProcess[str]) -> None:
     output = collectives_job.stdout
@@ -161,6 +165,7 @@ def _passed_checks(output: str) -> dict[int, set[str]]:
     return passed
 
 
+@pytest.mark.compat
 @needs_mpi
 @pytest.mark.parametrize("route", ["wait", "future"])
 @pytest.mark.parametrize("operation", ROUTE_OPERATIONS)
@@ -173,6 +178,7 @@ def test_every_operation_completes_by_wait_and_by_its_future_on_both_ranks(
         assert {f"route {operation} small {route}", f"route {operation} queued {route}"} <= names
 
 
+@pytest.mark.compat
 @needs_mpi
 def test_collectives_keep_their_issue_order_across_the_queue(collectives_job: subprocess.CompletedProcess[str]) -> None:
     for names in _passed_checks(collectives_job.stdout).values():
@@ -225,6 +231,7 @@ def _train_and_inspect_sockets(backend: str, tmp_path: Path) -> tuple[dict[str, 
     return torch.load(out_file), listening
 
 
+@pytest.mark.compat
 @needs_mpi
 def test_ddp_trains_bitwise_like_gloo_without_listening_sockets(tmp_path: Path) -> None:
     ours, ours_listening = _train_and_inspect_sockets("mpi4py", tmp_path)
@@ -267,6 +274,7 @@ def test_an_mpi_error_ends_the_job_at_once_saying_so(mode: str, shape: str) -> N
     assert "from an invalid root returned" not in completed.stdout
 
 
+@pytest.mark.compat
 @needs_mpi
 def test_lightning_trainer_fits_on_the_mpi4py_backend(tmp_path: Path) -> None:
     completed = run_mpi(SCRIPTS / "lightning_fit.py", str(tmp_path))

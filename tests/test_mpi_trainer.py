@@ -16,6 +16,7 @@ def fit_under_mpirun(tmp_path, name: str, *flags: str):
     return run_command(command, cwd=tmp_path, out_dir=out_dir, timeout=180).assert_ok()
 
 
+@pytest.mark.compat
 @needs_mpi
 def test_mpi_fit_is_bitwise_gloos_with_the_hooks_and_holds_no_listening_socket(tmp_path):
     gloo = fit_under_mpirun(tmp_path, "gloo", "--backend", "gloo", "--init-method", f"file://{tmp_path}/")

@@ -4,16 +4,23 @@ importing one never imports the other."""
 from __future__ import annotations
 
 import inspect
+import re
 import subprocess
 import sys
+from importlib import metadata
 
 import pytest
 import torch
+from packaging.requirements import Requirement
+from packaging.specifiers import SpecifierSet
 from torch.utils.data import DataLoader, TensorDataset
 
 from helpers import LIGHTNING, PYTORCH_LIGHTNING, REPO, both_packages, job_environment
 from lightning_dist_hooks import DistributedHooksTrainerMixin, MixedLightningPackagesError, OpenMPIEnvironment
-from lightning_dist_hooks import _lightning_internals
+from lightning_dist_hooks import _lightning_internals, supported_versions
+
+# Part of the fast subset .ci/compat runs at the ends of the supported version ranges.
+pytestmark = pytest.mark.compat
 
 OPENMPI_RANK_1_OF_2 = {"OMPI_COMM_WORLD_RANK": "1", "OMPI_COMM_WORLD_SIZE": "2", "OMPI_COMM_WORLD_LOCAL_RANK": "1",
                        "OMPI_COMM_WORLD_LOCAL_SIZE": "2", "PMIX_NAMESPACE": "prterun-test-1@1"}
@@ -124,11 +131,25 @@ def test_mixing_the_packages_is_one_clear_error_naming_both(ours, theirs):
         ours.ours.Fabric(accelerator="cpu", devices=2, strategy=theirs.fabric.strategies.DDPStrategy())
 
 
-def test_an_untested_lightning_release_warns_with_what_to_do(monkeypatch):
-    monkeypatch.setattr(_lightning_internals, "version", lambda distribution: "2.7.1")
-    monkeypatch.setattr(_lightning_internals, "_VERSIONS_CHECKED", set())
+@pytest.mark.parametrize("distribution", ["lightning", "torch"])
+def test_an_untested_release_warns_once_on_first_use_naming_the_range_and_the_fix(monkeypatch, distribution):
+    installed = {"lightning": "2.6.6", "torch": "2.13.0+cpu", distribution: "2.99.1"}
+    monkeypatch.setattr(supported_versions, "installed_version", installed.get)
+    monkeypatch.setattr(supported_versions, "_CHECKED", set())
     flavour = _lightning_internals.Flavour(**{field: getattr(_lightning_internals.LIGHTNING, field) for field in (
         "distribution", "pytorch", "fabric", "public_module", "import_hint")})
-    with pytest.warns(UserWarning, match=r"tested with lightning>=2.6.6,<2.7, but 2.7.1 is installed.*"
-                                         r"install pip install 'lightning>=2.6.6,<2.7'"):
+    tested = re.escape(supported_versions.SUPPORTED[distribution])
+    with pytest.warns(UserWarning, match=rf"tested with {distribution}{tested}, but 2.99.1 is installed.*"
+                                         rf"install pip install '{distribution}{tested}'") as warned:
         assert flavour.Trainer.__name__ == "Trainer"
+        assert flavour.Fabric.__name__ == "Fabric"
+    assert len([w for w in warned if "was tested with" in str(w.message)]) == 1
+
+
+def test_the_installed_metadata_declares_the_supported_ranges_and_the_installed_torch_is_inside():
+    declared = {requirement.name: requirement.specifier
+                for requirement in map(Requirement, metadata.requires("lightning-dist-hooks"))}
+    for distribution, specifier in supported_versions.SUPPORTED.items():
+        assert declared[distribution] == SpecifierSet(specifier), distribution
+    assert metadata.metadata("lightning-dist-hooks")["Requires-Python"] == supported_versions.PYTHON
+    assert SpecifierSet(supported_versions.SUPPORTED["torch"]).contains(torch.__version__)

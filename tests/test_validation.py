@@ -12,10 +12,14 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
+import torch
 import torch.distributed as dist
 
 from lightning_dist_hooks.backends import check_backend_fits_devices
 from helpers import PYTORCH_LIGHTNING, both_packages
+
+# Part of the fast subset .ci/compat runs at the ends of the supported version ranges.
+pytestmark = pytest.mark.compat
 
 
 def make_trainer(package=PYTORCH_LIGHTNING, **kwargs):
@@ -57,6 +61,18 @@ def test_nccl_without_cuda_devices_suggests_gloo():
 def test_the_mpi4py_transport_on_cuda_devices_suggests_nccl():
     with pytest.raises(ValueError, match=r"'mpi4py' moves CPU tensors only, but this Trainer runs on CUDA. Use torch_dist_backend='nccl'"):
         check_backend_fits_devices("mpi4py", uses_cuda=True)
+
+
+@pytest.mark.parametrize("flags", [
+    {"torch_dist_backend": "mpi4py"}, {"torch_dist_backend": "cpu:mpi4py"},
+    pytest.param({"torch_dist_backend": "mpi"}, marks=pytest.mark.skipif(
+        dist.is_mpi_available(), reason="this torch has native MPI, which 'mpi' names before the transport")),
+])
+def test_the_mpi_transport_on_a_torch_older_than_it_needs_fails_at_construction_naming_the_range(monkeypatch, flags):
+    monkeypatch.setattr(torch, "__version__", "2.12.0+cu130")
+    with pytest.raises(RuntimeError, match=r"The MPI transport .* needs torch>=2\.13,<2\.15, but this is torch "
+                                           r"2\.12\.0\+cu130.*Upgrade torch \(pip install 'torch>=2\.13,<2\.15'\)"):
+        make_trainer(**flags)
 
 
 def test_a_registered_third_party_backend_is_accepted():

@@ -22,9 +22,13 @@ complete within the process group's ``timeout`` ends the job with ``MPI_Abort`` 
 from __future__ import annotations
 
 import threading
+from typing import Optional
 
+import torch
 import torch.distributed as dist
+from packaging.specifiers import SpecifierSet
 
+from ..supported_versions import MPI_TRANSPORT_TORCH
 from ._launch import MpiLaunch, detect_mpi_launch, launched_by_mpi
 from ._mpi import INSTALL_HINT, init_mpi, mpi4py_importable
 from ._process_group import BACKEND_NAME, MpiProcessGroup, create_process_group
@@ -37,6 +41,7 @@ __all__ = [
     "MpiLaunch",
     "MpiProcessGroup",
     "backend_for_mpi",
+    "check_torch_for_the_transport",
     "detect_mpi_launch",
     "init_mpi",
     "is_available",
@@ -57,12 +62,29 @@ def register() -> None:
     together). Call it once before the backend name or ``mpi://`` is used.
     """
     global _registered
+    check_torch_for_the_transport()
     with _registration_lock:
         if _registered:
             return
         dist.Backend.register_backend(BACKEND_NAME, create_process_group, extended_api=True, devices=["cpu"])
         dist.register_rendezvous_handler(SCHEME, mpi_rendezvous)
         _registered = True
+
+
+def check_torch_for_the_transport(torch_version: Optional[str] = None) -> None:
+    """Raise ``RuntimeError``, naming the fix, when this torch (or ``torch_version``) is older than the transport needs.
+
+    >>> check_torch_for_the_transport("2.13.0+cpu")
+    """
+    torch_version = torch_version or torch.__version__
+    if torch_version not in SpecifierSet(MPI_TRANSPORT_TORCH):
+        raise RuntimeError(
+            f"The MPI transport of lightning_dist_hooks (backend {BACKEND_NAME!r}, init method {INIT_METHOD!r}) needs "
+            f"torch{MPI_TRANSPORT_TORCH}, but this is torch {torch_version}: older releases never hand a process "
+            "group written in Python the single-tensor collectives (all_to_all_single, all_gather_single, "
+            f"reduce_scatter_single). Upgrade torch (pip install 'torch{MPI_TRANSPORT_TORCH}'), or use "
+            "torch_dist_backend='gloo'."
+        )
 
 
 def is_available() -> bool:
