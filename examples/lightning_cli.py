@@ -5,8 +5,8 @@
     python examples/lightning_cli.py fit --print_config      # every option, ours included, with its default
     python examples/lightning_cli.py fit --config run.yaml   # or the same options in a YAML file
 
-Needs ``pip install "lightning-dist-hooks[cli]"``. With ``import lightning as L``, use ``lightning.pytorch.cli`` and
-``lightning_dist_hooks.lightning.Trainer``.
+Needs ``pip install ".[cli]"`` from a clone (or ``pip install "jsonargparse[signatures]>=4.39.0"``). With
+``import lightning as L``, use ``lightning.pytorch.cli`` and ``lightning_dist_hooks.lightning.Trainer``.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
     python examples/lightning_package.py --rendezvous-dir /shared/scratch/me/
 
 ``file:///DIR/`` (with the trailing slash) makes one rendezvous file per launch inside DIR, named after the launch,
-so many runs can share one directory. Needs ``pip install "lightning-dist-hooks[lightning]"``.
+so many runs can share one directory. Needs ``pip install ".[lightning]"`` from a clone (``pip install lightning``).
 """
 
 from __future__ import annotations

@@ -6,6 +6,7 @@ A wrong backend name otherwise surfaces minutes later, inside every rank, as a C
 
 from __future__ import annotations
 
+import difflib
 import logging
 import os
 from typing import Optional
@@ -32,9 +33,28 @@ _HOW_TO_GET_NATIVE = {
 }
 
 
+# Names torch lists that are not for training: its placeholder, and its test backend that moves no data.
+_NOT_OFFERED = ("undefined", "fake")
+
+
 def available_backends() -> list[str]:
-    """Backend names this torch build can create now, registered third-party backends included."""
-    return [name for name in dist.Backend.backend_list if name != "undefined" and dist.is_backend_available(name)]
+    """Backend names a user can choose here, sorted: what this torch build can create (registered third-party
+    backends included) and, where mpi4py is installed and torch is new enough, this package's MPI transport under
+    both its names. The same list before and after the transport registers itself.
+
+    >>> "gloo" in available_backends() and "fake" not in available_backends()
+    True
+    """
+    offered = {name for name in dist.Backend.backend_list
+               if name not in _NOT_OFFERED and dist.is_backend_available(name)}
+    if mpi.is_available() and mpi.torch_fits_the_transport():
+        offered |= set(MPI_BACKENDS)
+    return sorted(offered)
+
+
+def _did_you_mean(name: str) -> str:
+    close = difflib.get_close_matches(name, available_backends() + list(NATIVE_BACKENDS), n=1, cutoff=0.6)
+    return f" Did you mean {close[0]!r}?" if close else ""
 
 
 def normalize_backend(backend: str) -> str:
@@ -86,11 +106,17 @@ def _check_single_backend(given: str, name: str) -> None:
     if name in NATIVE_BACKENDS and not dist.is_backend_available(name):
         raise ValueError(
             f"torch_dist_backend={given!r}: this torch build ({torch.__version__}) has no {name!r} backend. "
-            f"To use it, {_HOW_TO_GET_NATIVE[name]}. Backends this build offers: {', '.join(available_backends())}."
+            f"To use it, {_HOW_TO_GET_NATIVE[name]}. Backends offered here: {', '.join(available_backends())}."
         )
-    if name not in dist.Backend.backend_list or name == "undefined":
+    if name == "fake":
         raise ValueError(
-            f"torch_dist_backend={given!r} is not a torch.distributed backend. Backends this build offers: "
+            f"torch_dist_backend={given!r} is torch's test backend: its collectives move no data, so the ranks would "
+            f"train apart. Backends offered here: {', '.join(available_backends())}."
+        )
+    if name not in dist.Backend.backend_list or name in _NOT_OFFERED:
+        raise ValueError(
+            f"torch_dist_backend={given!r} is not a torch.distributed backend.{_did_you_mean(name)} Backends "
+            "offered here: "
             f"{', '.join(available_backends())}; a third-party backend must be registered with "
             "torch.distributed.Backend.register_backend(...) before Trainer(...) is created."
         )

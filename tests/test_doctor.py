@@ -204,7 +204,7 @@ def test_mpi4py_missing_for_the_mpi_backend(tmp_path):
     run = run_doctor("--backend", "mpi", cwd=tmp_path, env=env)
     assert run.returncode == 1, run.output[-6000:]
     assert ("FAIL  mpi4py: torch_dist_backend='mpi' needs mpi4py, which this Python cannot import") in run.stdout
-    assert 'fix: pip install "lightning-dist-hooks[mpi]" (or: pip install mpi4py), in the environment every rank' in (
+    assert 'fix: pip install "mpi4py>=4.0,<5" (from a clone of lightning-dist-hooks: pip install ".[mpi]"), in the environment every rank' in (
         run.stdout)
 
 

@@ -92,7 +92,7 @@ def test_missing_mpi4py_names_the_install_command(monkeypatch: pytest.MonkeyPatc
     monkeypatch.setitem(sys.modules, "mpi4py", None)  # as if not installed
     monkeypatch.setitem(sys.modules, "mpi4py.MPI", None)
     assert not mpi.is_available()
-    hint = 'pip install "lightning-dist-hooks[mpi]" (or: pip install mpi4py)'
+    hint = 'pip install "mpi4py>=4.0,<5" (from a clone of lightning-dist-hooks: pip install ".[mpi]")'
     with pytest.raises(ImportError, match=re.escape(hint)):
         mpi.init_mpi()
 

@@ -146,6 +146,13 @@ def test_an_untested_release_warns_once_on_first_use_naming_the_range_and_the_fi
     assert len([w for w in warned if "was tested with" in str(w.message)]) == 1
 
 
+def test_an_mpi4py_outside_the_range_warns_naming_it(monkeypatch):
+    # init_mpi() checks the installed mpi4py this way when MPI starts.
+    monkeypatch.setattr(supported_versions, "_CHECKED", set())
+    with pytest.warns(UserWarning, match=r"tested with mpi4py>=4\.0,<5, but 3\.1\.6 is installed"):
+        supported_versions.warn_if_untested("mpi4py", "3.1.6")
+
+
 def test_the_installed_metadata_declares_the_supported_ranges_and_the_installed_torch_is_inside():
     declared = {requirement.name: requirement.specifier
                 for requirement in map(Requirement, metadata.requires("lightning-dist-hooks"))}

@@ -131,7 +131,7 @@ class Checkup:
             "pid": os.getpid(), "host": host, "host_addresses": host_addresses(host),
             "interfaces": network_interfaces(), "gloo_socket_ifname": os.environ.get("GLOO_SOCKET_IFNAME"),
             "environment": type(environment).__name__, "evidence": environment_evidence(type(environment)),
-            "backend": backend, "backends_available": _backends_available(), "init_method": init_method,
+            "backend": backend, "backends_available": available_backends(), "init_method": init_method,
             "rendezvous_file": str(file) if file else None, "listening": [], "allreduce": None, "tokens_seen": None,
         }
         for verdict in self.verdicts:
@@ -263,11 +263,6 @@ def _give_up(checkup: Checkup, timeout_s: float) -> None:
     _report_stuck(checkup, f"no result {timeout_s + DEADLINE_GRACE_S:g} s after start (--timeout {timeout_s:g} s "
                            f"plus {DEADLINE_GRACE_S:g} s): this rank is stuck in a wait without a timeout of its own")
     os._exit(1)
-
-
-def _backends_available() -> list[str]:
-    # The mpi4py transport registers itself with torch only when first asked for: list it when it could be.
-    return sorted(set(available_backends()) | ({mpi.BACKEND_NAME} if mpi.is_available() else set()))
 
 
 def _leave_token(file: Path, rank: int) -> Path:

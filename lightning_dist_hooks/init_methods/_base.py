@@ -139,9 +139,11 @@ def validate_init_method(url: str) -> str:
     if not isinstance(url, str):
         raise TypeError(f"torch_dist_init_method must be a string or None, got {url!r} ({type(url).__name__}).")
     parts = urlsplit(url.strip())
-    handler = _REGISTRY.get(parts.scheme.lower())
+    # A scheme starts with a letter (RFC 3986); Python 3.10 still splits "127.0.0.1:1234" at its colon.
+    scheme = parts.scheme if parts.scheme[:1].isalpha() else ""
+    handler = _REGISTRY.get(scheme.lower())
     if handler is None:
-        problem = f"has an unknown scheme {parts.scheme!r}" if parts.scheme else "has no scheme"
+        problem = f"has an unknown scheme {scheme!r}" if scheme else "has no scheme"
         raise ValueError(
             f"torch_dist_init_method={url!r} {problem}. Use one of: "
             f"{', '.join(scheme + '://' for scheme in sorted(_REGISTRY))} (or None for Lightning's default)."

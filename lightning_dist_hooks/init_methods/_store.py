@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Optional
 
 import ipaddress
 import os
 import re
+import socket
 from urllib.parse import SplitResult
 
 
@@ -63,11 +64,19 @@ class TcpInitMethod(TCPStoreInitMethod):
                 f"torch_dist_init_method={url!r} needs a port between 1 and 65535 that rank 0 can listen on, "
                 "e.g. 'tcp://10.0.0.1:29500'."
             )
-        # Syntax only: the launching node may not resolve compute-node names, so no DNS lookup here.
         if not (_is_ip_address(host) or _HOSTNAME.match(host)):
             raise ValueError(
                 f"torch_dist_init_method={url!r}: {host!r} is not a host name or IP address. "
                 "Give rank 0's address, e.g. 'tcp://10.0.0.1:29500' or 'tcp://node001:29500'."
+            )
+        # Every rank builds its Trainer, so a host one node cannot resolve fails there at once, not after the
+        # timeout inside torch's store client.
+        problem = _resolution_problem(host, port)
+        if problem is not None:
+            raise ValueError(
+                f"torch_dist_init_method={url!r}: the host {host!r} does not resolve on {socket.gethostname()} "
+                f"({problem}). Give rank 0's IP address or a name every node resolves (check /etc/hosts and DNS), "
+                "e.g. 'tcp://10.0.0.1:29500'."
             )
         return url
 
@@ -77,6 +86,19 @@ class TcpInitMethod(TCPStoreInitMethod):
         # here, and all ranks would wait until the timeout. tcp://HOST:PORT means rank 0 listens there.
         os.environ.pop("TORCHELASTIC_USE_AGENT_STORE", None)
         return Rendezvous(url)
+
+
+def _resolution_problem(host: str, port: int) -> Optional[str]:
+    """Why ``host`` does not resolve here (the resolver's words), or None when it does.
+
+    >>> _resolution_problem("127.0.0.1", 29500) is None
+    True
+    """
+    try:
+        socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except (socket.gaierror, UnicodeError) as error:
+        return getattr(error, "strerror", None) or str(error)
+    return None
 
 
 def _is_ip_address(host: str) -> bool:

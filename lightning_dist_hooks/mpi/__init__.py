@@ -48,6 +48,7 @@ __all__ = [
     "launched_by_mpi",
     "mpi_init_method",
     "register",
+    "torch_fits_the_transport",
 ]
 
 _registration_lock = threading.Lock()
@@ -71,13 +72,18 @@ def register() -> None:
         _registered = True
 
 
+def torch_fits_the_transport(torch_version: Optional[str] = None) -> bool:
+    """Whether this torch (or ``torch_version``) lies in the transport's range, ``MPI_TRANSPORT_TORCH``."""
+    return (torch_version or torch.__version__) in SpecifierSet(MPI_TRANSPORT_TORCH)
+
+
 def check_torch_for_the_transport(torch_version: Optional[str] = None) -> None:
     """Raise ``RuntimeError``, naming the fix, when this torch (or ``torch_version``) is older than the transport needs.
 
     >>> check_torch_for_the_transport("2.13.0+cpu")
     """
     torch_version = torch_version or torch.__version__
-    if torch_version not in SpecifierSet(MPI_TRANSPORT_TORCH):
+    if not torch_fits_the_transport(torch_version):
         raise RuntimeError(
             f"The MPI transport of lightning_dist_hooks (backend {BACKEND_NAME!r}, init method {INIT_METHOD!r}) needs "
             f"torch{MPI_TRANSPORT_TORCH}, but this is torch {torch_version}: older releases never hand a process "

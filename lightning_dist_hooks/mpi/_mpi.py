@@ -5,9 +5,10 @@ from __future__ import annotations
 
 from types import ModuleType
 
+from ..supported_versions import SUPPORTED, warn_if_untested
 from ._abort import install_abort_on_failure
 
-INSTALL_HINT = 'pip install "lightning-dist-hooks[mpi]" (or: pip install mpi4py)'
+INSTALL_HINT = f'pip install "mpi4py{SUPPORTED["mpi4py"]}" (from a clone of lightning-dist-hooks: pip install ".[mpi]")'
 
 
 def mpi4py_importable() -> bool:
@@ -36,6 +37,7 @@ def init_mpi() -> ModuleType:
             f"The 'mpi4py' torch.distributed backend needs the mpi4py package: {INSTALL_HINT}. "
             "It must be built against the MPI library that launches the job (mpirun/mpiexec)."
         ) from error
+    warn_if_untested("mpi4py")
     # The training thread, the progress thread and each group's queue thread call MPI concurrently.
     if MPI.Query_thread() < MPI.THREAD_MULTIPLE:
         raise RuntimeError(

@@ -204,6 +204,13 @@ class MpiProcessGroup(dist.ProcessGroup):
         if self._comm != self._mpi.COMM_NULL:
             self._comm.Free()
 
+    def _get_backend(self, device: torch.device) -> MpiProcessGroup:
+        """This group is its own (CPU) backend. torch 2.14's ``batch_isend_irecv`` asks every ``ProcessGroup``,
+        subclasses too, for its device's backend (to read ``supports_coalescing``); torch's own lookup finds none
+        registered for a group written in Python and raises."""
+        del device
+        return self
+
     # --- collectives --------------------------------------------------------------------------------------
 
     def allreduce(self, tensors: list[torch.Tensor], opts: dist.AllreduceOptions | None = None) -> dist.Work:
