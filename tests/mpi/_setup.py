@@ -6,17 +6,18 @@ imports Lightning: that costs seconds per rank on a small machine, and these job
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import sys
 import types
 from datetime import timedelta
-from pathlib import Path
 
 import torch.distributed as dist
 
 if "lightning_dist_hooks" not in sys.modules:
+    # Wherever the package is found (this checkout, or an installed copy under .ci/compat), without running it.
     _package_root = types.ModuleType("lightning_dist_hooks")
-    _package_root.__path__ = [str(Path(__file__).resolve().parents[2] / "lightning_dist_hooks")]
+    _package_root.__path__ = list(importlib.util.find_spec("lightning_dist_hooks").submodule_search_locations)
     sys.modules["lightning_dist_hooks"] = _package_root
 
 from lightning_dist_hooks import mpi  # needs the package root above
