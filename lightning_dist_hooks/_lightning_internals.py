@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any, Callable, Optional
 
 from torch.utils.data import DataLoader, Sampler
 
-from .supported_versions import warn_if_untested
+from .supported_versions import installed_version, warn_if_untested
 
 if TYPE_CHECKING:
     # Type hints only, never imported at run time; the same classes exist in lightning.pytorch/lightning.fabric.
@@ -153,6 +153,20 @@ LIGHTNING = Flavour(
     import_hint="from lightning_dist_hooks.lightning import Trainer, Fabric (with import lightning as L)",
 )
 FLAVOURS = (PYTORCH_LIGHTNING, LIGHTNING)
+
+
+# The first release whose DDP strategies pass init_process_group(device_id=<the rank's accelerator>); older ones
+# create a group bound to no device (found in their wheels: 2.5.4 does not, 2.5.5 does).
+_FIRST_RELEASE_BINDING_GROUPS_TO_DEVICES = "2.5.5"
+
+
+def binds_groups_to_devices(strategy: object) -> bool:
+    """Whether the Lightning of ``strategy`` passes ``device_id`` when it creates the default group itself."""
+    flavour = flavour_of(strategy) or PYTORCH_LIGHTNING
+    from packaging.version import Version  # Lightning's own dependency
+
+    installed = installed_version(flavour.distribution)
+    return installed is None or Version(installed) >= Version(_FIRST_RELEASE_BINDING_GROUPS_TO_DEVICES)
 
 
 def flavour_of(obj: object) -> Optional[Flavour]:

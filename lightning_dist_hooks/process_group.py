@@ -76,14 +76,15 @@ def create_process_group(strategy: Any, init_method: Optional[str], hook: Callab
 
 def lightning_device_id(strategy: Any) -> Optional[torch.device]:
     """The ``device_id`` Lightning's strategies pass to ``init_process_group``: the rank's device unless it is the
-    CPU. A CUDA device is made the current one first: Lightning's ``setup_environment`` does that (the
-    accelerator's ``setup_device``) before it creates the group, and ours runs before it."""
+    CPU, or None where the installed Lightning binds no group to a device (before 2.5.5). A CUDA device is made the
+    current one first either way: Lightning's ``setup_environment`` does that (the accelerator's ``setup_device``)
+    before it creates the group, and ours runs before it."""
     device = strategy.root_device
     if device.type == "cpu":
         return None
     if device.type == "cuda":
         torch.cuda.set_device(device)
-    return device
+    return device if _lightning_internals.binds_groups_to_devices(strategy) else None
 
 
 def check_default_group(rank: int, world_size: int) -> None:

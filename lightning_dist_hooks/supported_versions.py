@@ -23,8 +23,7 @@ PYTHON = ">=3.10,<3.14"
 _TORCH_BELOW = "<2.15"
 
 SUPPORTED = {
-    # The oldest torch whose fast subset passed (README, Compatibility); 2.4 hangs in destroy_process_group when a
-    # gloo peer has already exited.
+    # The oldest torch whose fast subset passed (README, Compatibility): with 2.5 and 2.4 a Fabric job hangs.
     "torch": ">=2.6," + _TORCH_BELOW,
     # 2.4 added ModelParallelStrategy, which _lightning_internals.py names. Both packages release in lockstep.
     "pytorch-lightning": ">=2.4,<2.7",

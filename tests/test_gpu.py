@@ -94,7 +94,9 @@ def test_a_cuda_rank_binds_its_group_to_its_gpu_as_lightning_does(package, side,
     assert [call[0] for call in recorded_torch] == ["set_device", "init_process_group"]
     assert recorded_torch[0][1] == CUDA_0
     _, ours_backend, ours = recorded_torch[1]
-    assert lightnings["device_id"] == ours["device_id"] == CUDA_0
+    # Lightning 2.5.5 and newer bind the group to the GPU; older releases pass no device_id, and neither do we.
+    binds = _lightning_internals.binds_groups_to_devices(_strategy(package, side, backend, CUDA_0))
+    assert lightnings.get("device_id") == ours["device_id"] == (CUDA_0 if binds else None)
     assert ours_backend == backend and ours["timeout"] == lightnings["timeout"]
 
 
@@ -104,7 +106,7 @@ def test_a_cpu_rank_passes_no_device_as_lightning_does(package, recorded_torch, 
     lightnings = _lightnings_call(package, "trainer", "gloo", cpu, recorded_torch)
     _create_ours(package, "trainer", "gloo", cpu, tmp_path / "rendezvous")
     assert [call[0] for call in recorded_torch] == ["init_process_group"]
-    assert "device_id" in lightnings and lightnings["device_id"] is None and recorded_torch[0][2]["device_id"] is None
+    assert lightnings.get("device_id") is None and recorded_torch[0][2]["device_id"] is None
 
 
 def test_a_hook_taking_device_id_gets_the_gpu_and_a_five_argument_hook_still_runs(recorded_torch, tmp_path):
@@ -121,9 +123,12 @@ def test_a_hook_taking_device_id_gets_the_gpu_and_a_five_argument_hook_still_run
 
     _create_ours(PYTORCH_LIGHTNING, "trainer", "gloo", CUDA_0, tmp_path / "first", hook_with_device)
     _create_ours(PYTORCH_LIGHTNING, "trainer", "gloo", CUDA_0, tmp_path / "second", five_argument_hook)
-    assert received == {"with device_id": CUDA_0, "five arguments": 0}
+    # The device Lightning itself would pass: none before Lightning 2.5.5.
+    expected = CUDA_0 if _lightning_internals.binds_groups_to_devices(_strategy(PYTORCH_LIGHTNING, "trainer", "gloo",
+                                                                                 CUDA_0)) else None
+    assert received == {"with device_id": expected, "five arguments": 0}
     keywords = [call[2] for call in recorded_torch if call[0] == "init_process_group"]
-    assert keywords[0]["device_id"] == CUDA_0 and "device_id" not in keywords[1]
+    assert keywords[0]["device_id"] == expected and "device_id" not in keywords[1]
 
 
 # --- on a real GPU ---------------------------------------------------------------------------------------------
@@ -182,3 +187,9 @@ def test_default_flags_on_a_gpu_train_what_lightnings_trainer_trains(tmp_path):
         assert ours.ranks[rank]["weights_sha256"] == theirs.ranks[rank]["weights_sha256"]
         assert ours.ranks[rank]["bound_device"] == theirs.ranks[rank]["bound_device"] == f"cuda:{rank}"
     assert UNBOUND_BARRIER_WARNING not in ours.output
+
+
+@pytest.mark.parametrize(("release", "binds"), [("2.4.0", False), ("2.5.4", False), ("2.5.5", True), ("2.6.6", True)])
+def test_our_group_is_bound_to_a_device_only_where_the_installed_lightning_binds_its_own(monkeypatch, release, binds):
+    monkeypatch.setattr(_lightning_internals, "installed_version", lambda distribution: release)
+    assert _lightning_internals.binds_groups_to_devices(_strategy(PYTORCH_LIGHTNING, "trainer", "gloo", CUDA_0)) is binds

@@ -45,7 +45,8 @@ def test_mpi_fit_with_a_custom_sampler_and_sync_dist_logging(tmp_path):
 def test_mpi_without_mpi4py_names_the_install_command(monkeypatch):
     monkeypatch.setitem(sys.modules, "mpi4py", None)  # makes `import mpi4py` fail, as on a machine without it
     with pytest.raises(ValueError, match=r"needs mpi4py, which is not installed. Install it: pip install "
-                                         r"\"lightning-dist-hooks\[mpi\]\""):
+                                         r"\"mpi4py>=4\.0,<5\" \(from a clone of lightning-dist-hooks: pip install "
+                                         r"\"\.\[mpi\]\"\)"):
         Trainer(accelerator="cpu", devices=2, strategy="ddp", torch_dist_backend="mpi", logger=False)
 
 
