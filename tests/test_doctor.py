@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import pwd
+import re
 import shutil
 import socket
 import subprocess
@@ -19,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from helpers import job_environment, needs_openmpi, openmpi_run, slurm_environment
+from helpers import job_environment, needs_mpi, needs_openmpi, openmpi_run, slurm_environment
 
 DOCTOR = [sys.executable, "-m", "lightning_dist_hooks", "doctor"]
 TORCHRUN = (sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", "--no-python")
@@ -119,8 +120,21 @@ def test_openmpi_mpirun(tmp_path, backend):
         # The mpi4py transport through mpi://: no store, no gloo, so no rank listens on any TCP port.
         assert [rank["init_method"] for rank in document["ranks"]] == ["mpi://", "mpi://"]
         assert [rank["listening"] for rank in document["ranks"]] == [[], []]
+        assert "mpi-sockets" in {verdict["check"] for verdict in document["verdicts"]}
     else:
         assert all(rank["listening"] for rank in document["ranks"])
+
+
+@needs_mpi
+def test_mpi_ranks_listening_on_one_node_fail_naming_the_sockets_and_the_mca_fix(tmp_path):
+    # Open MPI's tcp transport allowed as well as shared memory (kept on loopback): each rank listens.
+    launcher = [part if part != "self,vader" else "self,vader,tcp" for part in openmpi_run()]
+    launcher += ["--mca", "btl_tcp_if_include", "lo"]
+    run = run_doctor("--backend", "mpi", cwd=tmp_path, launcher=tuple(launcher))
+    assert run.returncode == 1, run.output[-6000:]
+    assert re.search(r"FAIL  mpi-sockets: torch_dist_backend='mpi4py' on one node, yet ranks listen \(rank 0: "
+                     r"[^;]+:\d+.*; rank 1: .*\): the MPI library opened them", run.stdout), run.stdout
+    assert "fix: start with mpirun --mca btl self,vader" in run.stdout
 
 
 def test_srun(slurm_cluster, tmp_path, rendezvous_dir):

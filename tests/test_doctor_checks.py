@@ -8,10 +8,12 @@ import socket
 from lightning_dist_hooks.doctor.checks import (
     FAIL,
     OK,
+    WARN,
     Verdict,
     check_directory_privacy,
     check_hosts,
     check_launcher_layout,
+    check_mpi_sockets,
     merge,
 )
 from lightning_dist_hooks.doctor.facts import LauncherLayout, expand_slurm_counts
@@ -68,3 +70,13 @@ def test_listening_sockets_of_this_process_are_read_from_proc():
         mine = [each for each in listening_sockets(os.getpid()) if each.port == port]
         assert [(each.address, str(each)) for each in mine] == [("::1", f"[::1]:{port}")]
     assert [each for each in listening_sockets() if each.port == port] == []
+
+
+def test_mpi_sockets_fail_on_one_node_warn_across_nodes_and_pass_when_none_listen():
+    quiet, listening = {"rank": 0, "listening": []}, {"rank": 1, "listening": [{"socket": "0.0.0.0:1025"}]}
+    assert check_mpi_sockets("mpi4py", [quiet, quiet], spans_nodes=False).status == OK
+    one_node = check_mpi_sockets("mpi", [quiet, listening], spans_nodes=False)
+    assert (one_node.status, one_node.ranks) == (FAIL, [1]) and "rank 1: 0.0.0.0:1025" in one_node.message
+    assert "--mca btl self,vader" in one_node.fix
+    assert check_mpi_sockets("mpi4py", [quiet, listening], spans_nodes=True).status == WARN
+    assert check_mpi_sockets("gloo", [listening], spans_nodes=False) is None

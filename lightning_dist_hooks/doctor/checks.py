@@ -262,6 +262,30 @@ def check_host_names(ranks: list[dict[str, Any]], spans_nodes: bool) -> Verdict:
     return Verdict("host-name", OK, "host names resolve to addresses the ranks can use")
 
 
+def check_mpi_sockets(backend: Optional[str], ranks: list[dict[str, Any]], spans_nodes: bool) -> Optional[Verdict]:
+    """Under an MPI backend nothing needs to listen on one node; Open MPI's tcp transport listens unless excluded.
+
+    >>> check_mpi_sockets("gloo", [], spans_nodes=False) is None
+    True
+    """
+    if backend not in ("mpi", "mpi4py"):
+        return None
+    listening = {rank["rank"]: [each["socket"] for each in rank["listening"]] for rank in ranks if rank["listening"]}
+    if not listening:
+        return Verdict("mpi-sockets", OK, f"torch_dist_backend={backend!r}: no rank holds a listening TCP socket")
+    shown = "; ".join(f"rank {rank}: {', '.join(sockets)}" for rank, sockets in sorted(listening.items()))
+    if spans_nodes:
+        return Verdict("mpi-sockets", WARN, f"torch_dist_backend={backend!r}: ranks listen ({shown}): the MPI "
+                       "library's transport between nodes, reachable from other nodes",
+                       "use a network MPI reaches without TCP (InfiniBand, e.g. --mca btl ^tcp with UCX) where the "
+                       "cluster has one, or restrict TCP to the job's network with --mca btl_tcp_if_include",
+                       ranks=sorted(listening))
+    return Verdict("mpi-sockets", FAIL, f"torch_dist_backend={backend!r} on one node, yet ranks listen ({shown}): "
+                   "the MPI library opened them (Open MPI's tcp transport), though shared memory needs none",
+                   "start with mpirun --mca btl self,vader (Open MPI 4; self,sm on Open MPI 5), or export "
+                   "OMPI_MCA_btl=self,vader", ranks=sorted(listening))
+
+
 def check_allreduce(ranks: list[dict[str, Any]]) -> Verdict:
     wrong = [rank["rank"] for rank in ranks if not rank["allreduce"]["correct"]]
     if wrong:

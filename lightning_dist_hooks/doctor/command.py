@@ -175,8 +175,12 @@ class Checkup:
         everyone = [Verdict(**verdict) for rank in ranks for verdict in rank["verdicts"]]
         if self.layout is None:
             everyone += checks.check_hosts(ranks, self.devices, self.num_nodes)
-        everyone.append(checks.check_host_names(ranks, len({rank["host"] for rank in ranks}) > 1 or self.spans_nodes))
+        spans_nodes = len({rank["host"] for rank in ranks}) > 1 or self.spans_nodes
+        everyone.append(checks.check_host_names(ranks, spans_nodes))
         everyone.append(checks.check_allreduce(ranks))
+        mpi_sockets = checks.check_mpi_sockets(self.facts["backend"], ranks, spans_nodes)
+        if mpi_sockets is not None:
+            everyone.append(mpi_sockets)
         if self.token is not None:
             everyone.append(checks.check_all_tokens(self.token.parent, ranks))
         verdicts = checks.merge(everyone)
