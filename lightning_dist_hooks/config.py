@@ -43,5 +43,10 @@ class ProcessGroupConfig:
         return replace(self, init_method=resolve_init_method(self.init_method, cluster_environment, num_nodes))
 
     @property
+    def location(self) -> Optional[str]:
+        """Where the ranks really meet (``init_method`` after its scheme's moves), or None for Lightning's default."""
+        return None if self.init_method is None else init_method_handler(self.init_method).location(self.init_method)
+
+    @property
     def is_default(self) -> bool:
         return self.backend is None and self.init_method is None

@@ -90,8 +90,9 @@ class DistributedHooksFabricMixin:
 
     @property
     def torch_dist_init_method(self) -> Optional[str]:
-        """The validated ``torch_dist_init_method`` (``file:///DIR/`` resolved to this launch's file), or None."""
-        return self._process_group_config.init_method
+        """The validated ``torch_dist_init_method`` where the ranks really meet, or None: ``file:///DIR/`` resolved
+        to this launch's file, and a file inside this user's private directory ``DIR/ldh-uid-<UID>/``."""
+        return self._process_group_config.location
 
 
 def _init_with_full_signature(cls: type) -> Callable[..., None]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import os
 import pickle
 
 import pytest
@@ -119,7 +120,8 @@ def test_trainer_and_strategy_stay_picklable(package, strategy, tmp_path):
     assert isinstance(copy.strategy, DDPStrategy)
     assert copy.strategy._process_group_config == trainer.strategy._process_group_config
     assert copy.strategy._ddp_kwargs == trainer.strategy._ddp_kwargs
-    assert (copy.torch_dist_backend, copy.torch_dist_init_method) == ("gloo", f"file://{tmp_path}/rendezvous")
+    assert (copy.torch_dist_backend, copy.torch_dist_init_method) == (
+        "gloo", f"file://{tmp_path}/ldh-uid-{os.geteuid()}/rendezvous")
 
 
 @both_packages

@@ -177,7 +177,7 @@ def test_slurm_requeue_gets_a_new_rendezvous_file(launcher_env, tmp_path, packag
     launcher_env({**SRUN, "SLURM_RESTART_COUNT": "1"})
     requeued = Trainer(accelerator="cpu", devices=2, strategy="ddp", torch_dist_init_method=f"file://{tmp_path}/",
                        plugins=[SLURMEnvironment()], logger=False, num_nodes=4).torch_dist_init_method
-    assert first.startswith(f"file://{tmp_path}/ldh-rendezvous-SLURM_JOB_ID-42-SLURM_STEP_ID-0-")
+    assert first.startswith(f"file://{tmp_path}/ldh-uid-{os.geteuid()}/ldh-rendezvous-SLURM_JOB_ID-42-SLURM_STEP_ID-0-")
     assert "SLURM_RESTART_COUNT-1" in requeued and requeued != first
 
 

@@ -18,7 +18,8 @@ def test_file_rendezvous_example_trains_equal_weights_and_cleans_up(tmp_path):
     rendezvous_dir = tmp_path / "shared"
     rendezvous_dir.mkdir()
     result = run_example("ddp_file_rendezvous.py", tmp_path, "--rendezvous-dir", str(rendezvous_dir)).assert_ok()
-    assert f"ranks=2 backend=gloo init_method=file://{rendezvous_dir}/rendezvous weights_equal_on_all_ranks=True" in result.output
+    assert (f"ranks=2 backend=gloo init_method=file://{rendezvous_dir}/ldh-uid-{os.geteuid()}/rendezvous "
+            "weights_equal_on_all_ranks=True") in result.output
     assert float(re.search(r"final_loss=([\d.]+)", result.output).group(1)) < 0.2
     assert list(rendezvous_dir.iterdir()) == []
 
@@ -42,8 +43,8 @@ def test_lightning_package_example_trains_with_the_unified_package(tmp_path):
     rendezvous_dir = tmp_path / "shared"
     rendezvous_dir.mkdir()
     result = run_example("lightning_package.py", tmp_path, "--rendezvous-dir", str(rendezvous_dir)).assert_ok()
-    assert re.search(rf"package=lightning ranks=2 backend=gloo init_method=file://{rendezvous_dir}/ldh-rendezvous-"
-                     r"\S+ weights_equal_on_all_ranks=True", result.output), result.output[-3000:]
+    assert re.search(rf"package=lightning ranks=2 backend=gloo init_method=file://{rendezvous_dir}/ldh-uid-{os.geteuid()}/"
+                     r"ldh-rendezvous-\S+ weights_equal_on_all_ranks=True", result.output), result.output[-3000:]
     assert list(rendezvous_dir.iterdir()) == []
 
 

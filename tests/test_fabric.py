@@ -74,7 +74,9 @@ def test_flags_reach_the_strategy_and_the_fabric_stays_lightnings(package, tmp_p
     fabric = package.ours.Fabric(accelerator="cpu", devices=2, strategy="ddp", torch_dist_backend="GLOO",
                                  torch_dist_init_method=f"file://{tmp_path}/rdzv")
     assert isinstance(fabric, package.fabric.Fabric)
-    assert (fabric.torch_dist_backend, fabric.torch_dist_init_method) == ("gloo", f"file://{tmp_path}/rdzv")
+    # The file really used: inside this user's private directory (README, Security).
+    assert (fabric.torch_dist_backend, fabric.torch_dist_init_method) == (
+        "gloo", f"file://{tmp_path}/ldh-uid-{os.geteuid()}/rdzv")
     assert isinstance(fabric.strategy, package.fabric.strategies.DDPStrategy)
     assert fabric.strategy.process_group_backend == "gloo"
 

@@ -241,7 +241,7 @@ def test_lightnings_launcher_once_per_node_cannot_share_a_per_job_file(node_env,
                 torch_dist_init_method=f"file://{tmp_path}/")
     explicit = Trainer(accelerator="cpu", devices=2, num_nodes=2, strategy="ddp", logger=False,
                        torch_dist_init_method=f"file://{tmp_path}/run42")
-    assert explicit.torch_dist_init_method == f"file://{tmp_path}/run42"
+    assert explicit.torch_dist_init_method == f"file://{tmp_path}/ldh-uid-{os.geteuid()}/run42"
 
 
 def test_lightnings_launcher_on_one_node_keeps_its_per_job_file(node_env, tmp_path):
@@ -250,4 +250,5 @@ def test_lightnings_launcher_on_one_node_keeps_its_per_job_file(node_env, tmp_pa
         warnings.simplefilter("ignore")
         trainer = Trainer(accelerator="cpu", devices=2, num_nodes=1, strategy="ddp", logger=False,
                           torch_dist_init_method=f"file://{tmp_path}/")
-    assert trainer.torch_dist_init_method.startswith(f"file://{tmp_path}/ldh-rendezvous-LIGHTNING_DIST_HOOKS_LAUNCH_TOKEN-")
+    assert trainer.torch_dist_init_method.startswith(
+        f"file://{tmp_path}/ldh-uid-{os.geteuid()}/ldh-rendezvous-LIGHTNING_DIST_HOOKS_LAUNCH_TOKEN-")

@@ -193,7 +193,8 @@ def test_file_init_method_in_an_unwritable_directory():
 
 def test_file_init_method_naming_a_directory_gets_a_file_for_this_launch(tmp_path: Path):
     trainer = make_trainer(torch_dist_init_method=f"file://{tmp_path}/")
-    assert re.fullmatch(rf"file://{tmp_path}/ldh-rendezvous-LIGHTNING_DIST_HOOKS_LAUNCH_TOKEN-[0-9a-f]{{32}}-[0-9a-f]{{8}}",
+    assert re.fullmatch(rf"file://{tmp_path}/ldh-uid-{os.geteuid()}/ldh-rendezvous-LIGHTNING_DIST_HOOKS_LAUNCH_TOKEN-"
+                        rf"[0-9a-f]{{32}}-[0-9a-f]{{8}}",
                         trainer.torch_dist_init_method)
 
 

@@ -64,6 +64,11 @@ class InitMethod:
         """Turn ``url`` into the one every rank of this launch uses; raise ``ValueError`` if none can exist."""
         return url
 
+    def location(self, url: str) -> str:
+        """Where the ranks really meet for ``url`` (a resolved one): ``url`` itself unless this scheme moves it, as
+        ``file://`` does into this user's private directory. ``trainer.torch_dist_init_method`` reports it."""
+        return url
+
     def prepare(self, url: str, cluster_environment: ClusterEnvironment) -> Rendezvous:
         """Get this rank ready to meet the others through ``url``. If it raises, it leaves nothing behind."""
         return Rendezvous(url)

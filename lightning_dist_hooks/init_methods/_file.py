@@ -153,6 +153,17 @@ class FileInitMethod(InitMethod):
             )
         return rendezvous_file_for_job(url, identity)
 
+    def location(self, url: str) -> str:
+        """``file:///DIR/NAME`` is used as ``DIR/ldh-uid-<UID>/NAME``; a per-launch ``file:///DIR/`` not yet named
+        stays as it is.
+
+        >>> FileInitMethod().location("file:///shared/run42").startswith("file:///shared/ldh-uid-")
+        True
+        """
+        if url.endswith("/"):
+            return url
+        return f"file://{_private_path(Path(urlsplit(url).path))}"
+
     def prepare(self, url: str, cluster_environment: ClusterEnvironment) -> FileRendezvous:
         requested = Path(urlsplit(url).path)
         rank = cluster_environment.global_rank()
@@ -163,8 +174,8 @@ class FileInitMethod(InitMethod):
         if problem is not None:
             os.close(shared_fd)
             raise RuntimeError(f"torch_dist_init_method={url!r}: {problem}")
-        directory = requested.parent / private_directory_name()
-        path = directory / requested.name
+        path = _private_path(requested)
+        directory = path.parent
         rendezvous = FileRendezvous(
             f"file://{path}", file=path, claim=directory / _claim_name(requested.name, rank),
             shared_fd=shared_fd, directory_fd=directory_fd,
@@ -464,3 +475,8 @@ def _remove_if_empty(rendezvous: FileRendezvous) -> None:
             os.rmdir(name, dir_fd=rendezvous.shared_fd)
     except OSError:
         pass  # gone already, or another rank or run of this user still has files in it
+
+
+def _private_path(requested: Path) -> Path:
+    """``DIR/NAME`` moved into this user's private directory: ``DIR/ldh-uid-<UID>/NAME``."""
+    return requested.parent / private_directory_name() / requested.name
