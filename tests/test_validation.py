@@ -36,13 +36,19 @@ def test_unknown_backend_lists_the_backends_this_build_offers():
     assert "register_backend" in str(error.value)
 
 
-@pytest.mark.parametrize(("typo", "meant"), [("mpii", "mpi"), ("glo", "gloo"), ("ncll", "nccl"), ("mpi4pi", "mpi4py")])
+TRANSPORT_OFFERED = mpi.is_available() and mpi.torch_fits_the_transport()
+
+
+@pytest.mark.parametrize(("typo", "meant"), [
+    ("mpii", "mpi"), ("glo", "gloo"), ("ncll", "nccl"),
+    pytest.param("mpi4pi", "mpi4py", marks=pytest.mark.skipif(not TRANSPORT_OFFERED, reason="needs the MPI transport")),
+])
 def test_a_near_miss_gets_a_did_you_mean(typo, meant):
     with pytest.raises(ValueError, match=rf"'{typo}' is not a torch.distributed backend. Did you mean '{meant}'\?"):
         make_trainer(torch_dist_backend=typo)
 
 
-@pytest.mark.skipif(not (mpi.is_available() and mpi.torch_fits_the_transport()), reason="needs mpi4py and its torch")
+@pytest.mark.skipif(not TRANSPORT_OFFERED, reason="needs mpi4py and a torch the MPI transport supports")
 def test_the_offered_backends_include_the_mpi_transport_leave_out_torchs_test_backend_and_stay_the_same():
     def offered() -> list[str]:
         with pytest.raises(ValueError) as error:
