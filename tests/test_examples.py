@@ -68,5 +68,6 @@ def test_lightning_cli_example_takes_our_flags_as_trainer_options(tmp_path):
                          "--trainer.strategy=ddp", "--trainer.max_epochs=2", "--trainer.logger=false",
                          "--trainer.torch_dist_backend=gloo",
                          f"--trainer.torch_dist_init_method=file://{rendezvous_dir}/").assert_ok()
-    assert re.search(rf"cli ranks=2 backend=gloo init_method=file://{rendezvous_dir}/ldh-rendezvous-", result.output)
+    assert re.search(rf"cli ranks=2 backend=gloo init_method=file://{rendezvous_dir}/ldh-uid-{os.geteuid()}/"
+                     r"ldh-rendezvous-", result.output)
     assert list(rendezvous_dir.iterdir()) == []

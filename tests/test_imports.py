@@ -6,7 +6,12 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 from helpers import job_environment
+
+# Part of the fast subset .ci/compat runs at the ends of the supported version ranges.
+pytestmark = pytest.mark.compat
 
 # Runs in a fresh interpreter, in an empty directory: the state of the process before and after the imports
 # (torch's backends and rendezvous schemes, the environment, threads, files, whether MPI was initialised).
@@ -23,9 +28,6 @@ def state():
 
 before = state()
 import lightning_dist_hooks
-
-# Part of the fast subset .ci/compat runs at the ends of the supported version ranges.
-pytestmark = pytest.mark.compat
 modules = [info.name for info in pkgutil.walk_packages(lightning_dist_hooks.__path__, "lightning_dist_hooks.")]
 for name in modules:
     __import__(name)
