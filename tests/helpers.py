@@ -17,8 +17,6 @@ from types import ModuleType
 from typing import Optional
 
 import pytest
-import torch
-from packaging.specifiers import SpecifierSet
 
 from lightning_dist_hooks import mpi
 from lightning_dist_hooks.supported_versions import MPI_TRANSPORT_TORCH
@@ -137,7 +135,7 @@ def _open_mpi_mpirun() -> Optional[str]:
 
 OPENMPI_MPIRUN = _open_mpi_mpirun()
 needs_openmpi = pytest.mark.skipif(OPENMPI_MPIRUN is None, reason="OpenMPI's mpirun is not installed (.ci/install)")
-TORCH_FITS_THE_MPI_TRANSPORT = torch.__version__ in SpecifierSet(MPI_TRANSPORT_TORCH)
+TORCH_FITS_THE_MPI_TRANSPORT = mpi.torch_fits_the_transport()
 needs_transport_torch = pytest.mark.skipif(not TORCH_FITS_THE_MPI_TRANSPORT,
                                            reason=f"the MPI transport needs torch{MPI_TRANSPORT_TORCH}")
 needs_mpi = pytest.mark.skipif(

@@ -18,6 +18,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
+from lightning_dist_hooks.backends import MPI_BACKENDS
 from lightning_dist_hooks.doctor.facts import LauncherLayout, is_loopback
 from lightning_dist_hooks.doctor.sockets import holders_of_port
 
@@ -85,7 +86,7 @@ def check_launcher_layout(layout: LauncherLayout, devices: int, num_nodes: int) 
 
 
 def check_mpi4py(backend: Optional[str], mpi4py_installed: bool, install_hint: str) -> Optional[Verdict]:
-    if backend not in ("mpi", "mpi4py"):
+    if backend not in MPI_BACKENDS:
         return None
     if mpi4py_installed:
         return Verdict("mpi4py", OK, f"mpi4py is installed for torch_dist_backend={backend!r}")
@@ -268,7 +269,7 @@ def check_mpi_sockets(backend: Optional[str], ranks: list[dict[str, Any]], spans
     >>> check_mpi_sockets("gloo", [], spans_nodes=False) is None
     True
     """
-    if backend not in ("mpi", "mpi4py"):
+    if backend not in MPI_BACKENDS:
         return None
     listening = {rank["rank"]: [each["socket"] for each in rank["listening"]] for rank in ranks if rank["listening"]}
     if not listening:

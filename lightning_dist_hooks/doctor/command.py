@@ -34,7 +34,7 @@ from torch.utils.data import DataLoader
 from lightning_dist_hooks import mpi, progress, rendezvous_deadline
 from lightning_dist_hooks._lightning_internals import PYTORCH_LIGHTNING
 from lightning_dist_hooks._pytorch_lightning import LightningModule, Trainer
-from lightning_dist_hooks.backends import available_backends
+from lightning_dist_hooks.backends import MPI_BACKENDS, available_backends
 from lightning_dist_hooks.doctor import checks, report
 from lightning_dist_hooks.doctor.checks import FAIL, Verdict
 from lightning_dist_hooks.doctor.facts import (
@@ -299,6 +299,6 @@ def _opened_by(inode: str, port: int, before: set[str], store_port: Optional[int
         return "open before the rendezvous (the launcher's library or the program)"
     if port == store_port:
         return "the rendezvous store (TCPStore) of rank 0"
-    if backend in ("mpi", "mpi4py"):
+    if backend in MPI_BACKENDS:
         return "the MPI library"
     return f"the {backend} backend, for connections between ranks"
