@@ -1,4 +1,4 @@
-"""``python -m benchmarks [--quick] [--with-mpi] [--out DIR] [--update-readme]``: run every benchmark section.
+"""``python -m benchmarks [--quick] [--with-mpi] [--out DIR] [--update-docs]``: run every benchmark section.
 
 Writes ``results.json``, ``results.md`` and the PNG plots into ``--out`` and prints the Markdown table. On a busy
 2-core machine the full run takes about 15 minutes and ``--quick`` (a smoke run: tiny sizes, one repetition)
@@ -21,7 +21,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from benchmarks import bootstrap, mpi_section, report, startup, step_overhead
+from benchmarks import bootstrap, docs, mpi_section, report, startup, step_overhead
 from benchmarks.common import REPO
 
 RESULTS = REPO / "benchmarks" / "results"
@@ -51,11 +51,14 @@ def parse_args() -> argparse.Namespace:
                         help="also run benchmarks/mpi_allreduce.py under mpirun (skipped without mpirun/mpi4py)")
     parser.add_argument("--out", type=Path, help=f"results folder (default {RESULTS.relative_to(REPO)}, "
                                                  "or its quick/ subfolder with --quick)")
-    parser.add_argument("--update-readme", action="store_true",
-                        help="rewrite the benchmark fragment of README.md from these results")
+    parser.add_argument("--update-docs", action="store_true",
+                        help="rewrite the documentation's generated blocks from these results (python -m benchmarks.docs)")
     parser.add_argument("--report-only", action="store_true",
-                        help="measure nothing: redraw the table and plots (and README) from --out's results.json")
-    return parser.parse_args()
+                        help="measure nothing: redraw the table and plots (and the docs) from --out's results.json")
+    args = parser.parse_args()
+    if args.update_docs and args.out not in (None, RESULTS):
+        parser.error(f"--update-docs renders the documentation from {RESULTS.relative_to(REPO)}; drop --out")
+    return args
 
 
 def machine() -> dict:
@@ -78,8 +81,8 @@ def main() -> None:
     table = report.markdown(results)
     (out / "results.md").write_text(table)
     print(table)
-    if args.update_readme:
-        report.update_readme(REPO / "README.md", report.markdown(results, image_dir=f"{out.relative_to(REPO)}/"))
+    if args.update_docs:
+        docs.main([])
 
 
 def measure(args: argparse.Namespace, settings: Settings, out: Path) -> dict:

@@ -1,8 +1,7 @@
-"""Turning a results dict into the Markdown table, the PNG plots, and the README fragment."""
+"""Turning a results dict into the Markdown report and the PNG plots (benchmarks/docs.py puts the report in the docs)."""
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 
 import matplotlib
@@ -21,7 +20,6 @@ LABELS = {
     "ours_hooks": "lightning_dist_hooks.Trainer, both hooks overridden",
 }
 PLOTS = {"step_overhead": "step_overhead.png", "startup": "startup.png", "bootstrap": "bootstrap.png"}
-README_START, README_END = "<!-- benchmarks:start -->", "<!-- benchmarks:end -->"
 
 
 def markdown(results: dict, image_dir: str = "") -> str:
@@ -191,12 +189,3 @@ def _save(figure, path: Path) -> None:
     figure.tight_layout()
     figure.savefig(path, dpi=100)
     plt.close(figure)
-
-
-def update_readme(readme: Path, fragment: str) -> None:
-    """Replace only the text between the two benchmark markers, so the rest of the shared README is untouched."""
-    text = readme.read_text(encoding="utf-8")
-    pattern = re.compile(re.escape(README_START) + ".*?" + re.escape(README_END), re.DOTALL)
-    if not pattern.search(text):
-        raise SystemExit(f"{readme} has no {README_START} ... {README_END} markers to write between")
-    readme.write_text(pattern.sub(lambda _: f"{README_START}\n{fragment}{README_END}", text), encoding="utf-8")

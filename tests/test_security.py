@@ -86,7 +86,9 @@ _AS_USER = textwrap.dedent("""\
 class Users:
     def __init__(self, stage: Path) -> None:
         self.stage = stage
-        ancestors = (_unreadable_ancestor(Path(sys.prefix).resolve()), _unreadable_ancestor(REPO))
+        # A virtual environment's prefix holds its packages, its base prefix the interpreter and the standard library.
+        trees = {Path(sys.prefix).resolve(), Path(sys.base_prefix).resolve(), REPO}
+        ancestors = [_unreadable_ancestor(tree) for tree in trees]
         self.blocked = sorted({pair for pair in ancestors if pair is not None})
         self.uid = {name: pwd.getpwnam(name).pw_uid for name in (VICTIM, ATTACKER)}
         self.gid = {name: pwd.getpwnam(name).pw_gid for name in (VICTIM, ATTACKER)}
