@@ -26,6 +26,7 @@ setup(
         "cli": ["jsonargparse[signatures]>=4.39.0"],
         "test": ["pytest>=8", "pytest-timeout>=2.3", "matplotlib>=3.7", supported["lightning"],
                  "jsonargparse[signatures]>=4.39.0"],
+        "lint": ["ruff==0.17.6", "mypy==2.4.1"],
     },
     entry_points={"console_scripts": ["lightning-dist-hooks-doctor=lightning_dist_hooks.doctor:main"]},
     classifiers=["Programming Language :: Python :: 3", "Topic :: Scientific/Engineering :: Artificial Intelligence"]

@@ -52,12 +52,18 @@ def __getattr__(name: str) -> Any:
 
         return getattr(_pytorch_lightning, name)
     if name == "SchedulerEnvironment":  # deprecated: it also covers MPI launchers, which are not schedulers
-        warnings.warn("lightning_dist_hooks.SchedulerEnvironment is deprecated; use LauncherEnvironment.",
-                      DeprecationWarning, stacklevel=2)
+        warnings.warn(
+            "lightning_dist_hooks.SchedulerEnvironment is deprecated; use LauncherEnvironment.",
+            DeprecationWarning,
+            stacklevel=2,
+        )
         return LauncherEnvironment
     if name == "job_identity":  # deprecated: it was also the name of its module
-        warnings.warn("lightning_dist_hooks.job_identity is deprecated; use lightning_dist_hooks.launch_identity",
-                      DeprecationWarning, stacklevel=2)
+        warnings.warn(
+            "lightning_dist_hooks.job_identity is deprecated; use lightning_dist_hooks.launch_identity",
+            DeprecationWarning,
+            stacklevel=2,
+        )
         return launch_identity
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 

@@ -20,13 +20,14 @@ def classes_for(flavour: Flavour, module: str) -> SimpleNamespace:
     register_with(flavour)
     package = flavour.pytorch
 
-    class Trainer(DistributedHooksTrainerMixin, flavour.Trainer):  # type: ignore[misc,valid-type]
+    # Each base is the flavour's class, chosen at run time: no type checker follows it (hence the ignores).
+    class Trainer(DistributedHooksTrainerMixin, flavour.Trainer):  # type: ignore[name-defined]
         pass
 
-    class LightningModule(DistributedHooksMixin, flavour.LightningModule):  # type: ignore[misc,valid-type]
+    class LightningModule(DistributedHooksMixin, flavour.LightningModule):  # type: ignore[name-defined]
         pass
 
-    class Fabric(DistributedHooksFabricMixin, flavour.Fabric):  # type: ignore[misc,valid-type]
+    class Fabric(DistributedHooksFabricMixin, flavour.Fabric):  # type: ignore[name-defined]
         pass
 
     Trainer.__doc__ = f"""``{package}.Trainer`` with ``torch_dist_backend``, ``torch_dist_init_method`` and the hooks.

@@ -18,10 +18,11 @@ from __future__ import annotations
 
 import importlib
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
 from types import ModuleType
-from typing import TYPE_CHECKING, Any, Callable, Optional
+from typing import TYPE_CHECKING, Any
 
 from torch.utils.data import DataLoader, Sampler
 
@@ -29,11 +30,16 @@ from .supported_versions import installed_version, warn_if_untested
 
 if TYPE_CHECKING:
     # Type hints only, never imported at run time; the same classes exist in lightning.pytorch/lightning.fabric.
+    import lightning_fabric
+    import lightning_fabric.plugins.environments
+    import pytorch_lightning
     from lightning_fabric.plugins.environments import ClusterEnvironment
     from pytorch_lightning import Trainer
+    from pytorch_lightning.trainer.connectors.data_connector import _DataConnector
     from pytorch_lightning.trainer.states import RunningStage
 
     __all__ = ["ClusterEnvironment", "RunningStage", "Trainer"]
+
 
 class MixedLightningPackagesError(TypeError):
     """An object of one Lightning package was given to a Trainer or Fabric of the other."""
@@ -77,24 +83,25 @@ class Flavour:
         prefixes = (f"{self.pytorch}.", f"{self.fabric}.")
         return any(f"{base.__module__}.".startswith(prefixes) for base in cls.__mro__)
 
-    # Public names, both sides.
+    # Public names, both sides; like the private DataConnector, each property is named after the class it returns
+    # (hence noqa: N802).
     @property
-    def Trainer(self) -> type:
+    def Trainer(self) -> type[pytorch_lightning.Trainer]:  # noqa: N802
         return self.pytorch_name("", "Trainer")
 
     @property
-    def LightningModule(self) -> type:
+    def LightningModule(self) -> type[pytorch_lightning.LightningModule]:  # noqa: N802
         return self.pytorch_name("", "LightningModule")
 
     @property
-    def Fabric(self) -> type:
+    def Fabric(self) -> type[lightning_fabric.Fabric]:  # noqa: N802
         return self.fabric_name("", "Fabric")
 
     @property
-    def ClusterEnvironment(self) -> type:
+    def ClusterEnvironment(self) -> type[lightning_fabric.plugins.environments.ClusterEnvironment]:  # noqa: N802
         return self.fabric_name(".plugins.environments", "ClusterEnvironment")
 
-    def lightning_environment(self, name: str) -> type:
+    def lightning_environment(self, name: str) -> type[lightning_fabric.plugins.environments.ClusterEnvironment]:
         """One of Lightning's cluster environments by class name, e.g. ``"SLURMEnvironment"``."""
         return self.fabric_name(".plugins.environments", name)
 
@@ -124,14 +131,16 @@ class Flavour:
 
     # Private names.
     @property
-    def DataConnector(self) -> type:
+    def DataConnector(self) -> type[_DataConnector]:  # noqa: N802
         """Subclassed per flavour: ``_prepare_dataloader`` is the one place every train, validation, sanity-check,
         test and predict loader passes through after the process group exists, and it has no public hook."""
         return self.pytorch_name(".trainer.connectors.data_connector", "_DataConnector")
 
     def without_env_defaults(self, trainer_init: Callable[..., None]) -> Callable[..., None]:
         """``Trainer.__init__`` without its ``PL_TRAINER_*`` wrapper, for a caller that has applied it already."""
-        return trainer_init.__wrapped__ if trainer_init is self.Trainer.__init__ else trainer_init  # type: ignore
+        if trainer_init is self.Trainer.__init__:
+            return trainer_init.__wrapped__  # type: ignore[attr-defined]  # set by functools.wraps
+        return trainer_init
 
     def with_env_defaults(self, init: Callable[..., None]) -> Callable[..., None]:
         """``init`` wrapped as Lightning wraps ``Trainer.__init__``: ``PL_<CLASS>_<PARAMETER>`` gives defaults."""
@@ -169,7 +178,7 @@ def binds_groups_to_devices(strategy: object) -> bool:
     return installed is None or Version(installed) >= Version(_FIRST_RELEASE_BINDING_GROUPS_TO_DEVICES)
 
 
-def flavour_of(obj: object) -> Optional[Flavour]:
+def flavour_of(obj: object) -> Flavour | None:
     """The Lightning package ``obj`` (an instance or a class) belongs to, or None for objects of neither."""
     cls = obj if isinstance(obj, type) else type(obj)
     return next((flavour for flavour in FLAVOURS if flavour.owns(cls)), None)
@@ -184,13 +193,14 @@ def check_same_package(owner: object, objects: dict[str, object]) -> None:
             if expected is not None and actual is not None and actual is not expected:
                 raise MixedLightningPackagesError(
                     f"{what}={type(item).__qualname__} comes from {actual.pytorch}/{actual.fabric} (pip "
-                    f"{actual.distribution}), but this {type(owner).__name__} is {expected.pytorch}/{expected.fabric}'s "
-                    f"(pip {expected.distribution}). The two Lightning packages are separate copies whose objects do "
-                    f"not mix: import everything from one of them, e.g. {actual.import_hint}."
+                    f"{actual.distribution}), but this {type(owner).__name__} is "
+                    f"{expected.pytorch}/{expected.fabric}'s (pip {expected.distribution}). The two Lightning packages "
+                    f"are separate copies whose objects do not mix: import everything from one of them, e.g. "
+                    f"{actual.import_hint}."
                 )
 
 
-def lightning_environment_name(environment: object) -> Optional[str]:
+def lightning_environment_name(environment: object) -> str | None:
     """The class name of the Lightning cluster environment ``environment`` is (or subclasses), of either package."""
     for base in type(environment).__mro__:
         if any(base.__module__.startswith(f"{flavour.fabric}.plugins.environments") for flavour in FLAVOURS):
@@ -198,33 +208,33 @@ def lightning_environment_name(environment: object) -> Optional[str]:
     return None
 
 
-def requested_process_group_backend(strategy: object) -> Optional[str]:
+def requested_process_group_backend(strategy: object) -> str | None:
     """The backend the user gave the strategy (``DDPStrategy(process_group_backend=...)``), or None."""
     return getattr(strategy, "_process_group_backend", None)
 
 
 def set_process_group_backend(strategy: object, backend: str) -> None:
     """Equivalent to having passed ``process_group_backend=backend`` to the strategy's constructor."""
-    strategy._process_group_backend = backend  # type: ignore[attr-defined]
+    strategy._process_group_backend = backend  # type: ignore[attr-defined]  # private to Lightning's strategies
 
 
 def resolved_process_group_backend(strategy: object) -> str:
     """The backend the strategy would hand to ``init_process_group`` (its choice for the root device)."""
-    return strategy._get_process_group_backend()  # type: ignore[attr-defined]
+    return strategy._get_process_group_backend()  # type: ignore[attr-defined]  # private to Lightning's strategies
 
 
 def process_group_timeout(strategy: object) -> timedelta:
     """The strategy's ``timeout=`` (Lightning's default is torch's default process-group timeout)."""
-    return strategy._timeout  # type: ignore[attr-defined]
+    return strategy._timeout  # type: ignore[attr-defined]  # private to Lightning's strategies
 
 
 def set_world_ranks(strategy: object) -> None:
     """Let the strategy read its ranks from the cluster environment (public on the Trainer side, private in Fabric)."""
     public = getattr(strategy, "set_world_ranks", None)
-    (public or strategy._set_world_ranks)()  # type: ignore[attr-defined]
+    (public or strategy._set_world_ranks)()  # type: ignore[attr-defined]  # Fabric's strategies: private
 
 
-def lightning_sampler_choice(trainer: Any, dataloader: DataLoader, stage: Any) -> Optional[Sampler]:
+def lightning_sampler_choice(trainer: Any, dataloader: DataLoader, stage: Any) -> Sampler | None:
     """The sampler Lightning itself would give ``dataloader``, or None where it leaves the loader as it is.
 
     Mirrors ``_DataConnector._prepare_dataloader`` and ``_process_dataloader`` (which decides ``shuffle``), so

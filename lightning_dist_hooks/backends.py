@@ -9,7 +9,6 @@ from __future__ import annotations
 import difflib
 import logging
 import os
-from typing import Optional
 
 import torch
 import torch.distributed as dist
@@ -45,8 +44,9 @@ def available_backends() -> list[str]:
     >>> "gloo" in available_backends() and "fake" not in available_backends()
     True
     """
-    offered = {name for name in dist.Backend.backend_list
-               if name not in _NOT_OFFERED and dist.is_backend_available(name)}
+    offered = {
+        name for name in dist.Backend.backend_list if name not in _NOT_OFFERED and dist.is_backend_available(name)
+    }
     if mpi.is_available() and mpi.torch_fits_the_transport():
         offered |= set(MPI_BACKENDS)
     return sorted(offered)
@@ -76,7 +76,7 @@ def normalize_backend(backend: str) -> str:
     return name
 
 
-def register_if_mpi4py(backend: Optional[str]) -> None:
+def register_if_mpi4py(backend: str | None) -> None:
     """Register the mpi4py transport with torch in this process if ``backend`` (plain or composite) uses it.
 
     Importing this package registers nothing with torch; the transport is registered when it is first asked for:
@@ -98,7 +98,9 @@ def _mpi_backend(given: str, name: str) -> str:
             "Or use torch_dist_backend='gloo'."
         )
     if name == "mpi":
-        log.info("torch has no native MPI backend: torch_dist_backend='mpi' uses lightning_dist_hooks' mpi4py transport")
+        log.info(
+            "torch has no native MPI backend: torch_dist_backend='mpi' uses lightning_dist_hooks' mpi4py transport"
+        )
     return mpi.backend_for_mpi()
 
 

@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Optional
-
+from typing import TYPE_CHECKING
 
 from lightning_dist_hooks.backends import normalize_backend
 from lightning_dist_hooks.init_methods import (
@@ -22,11 +21,11 @@ if TYPE_CHECKING:  # either Lightning package's; this module imports neither
 class ProcessGroupConfig:
     """``torch_dist_backend`` and ``torch_dist_init_method`` after validation; None keeps Lightning's choice."""
 
-    backend: Optional[str] = None
-    init_method: Optional[str] = None
+    backend: str | None = None
+    init_method: str | None = None
 
     @classmethod
-    def validated(cls, backend: Optional[str], init_method: Optional[str]) -> "ProcessGroupConfig":
+    def validated(cls, backend: str | None, init_method: str | None) -> ProcessGroupConfig:
         """Check both values; raise ``ValueError``/``TypeError`` naming the bad one and the fix."""
         backend = None if backend is None else normalize_backend(backend)
         if init_method is None:
@@ -36,14 +35,14 @@ class ProcessGroupConfig:
             init_method_handler(init_method).check_backend(init_method, backend)
         return cls(backend=backend, init_method=init_method)
 
-    def resolved(self, cluster_environment: ClusterEnvironment, num_nodes: int) -> "ProcessGroupConfig":
+    def resolved(self, cluster_environment: ClusterEnvironment, num_nodes: int) -> ProcessGroupConfig:
         """This config with the init method every rank of this launch uses (e.g. ``file:///DIR/`` named)."""
         if self.init_method is None:
             return self
         return replace(self, init_method=resolve_init_method(self.init_method, cluster_environment, num_nodes))
 
     @property
-    def location(self) -> Optional[str]:
+    def location(self) -> str | None:
         """Where the ranks really meet (``init_method`` after its scheme's moves), or None for Lightning's default."""
         return None if self.init_method is None else init_method_handler(self.init_method).location(self.init_method)
 

@@ -2,7 +2,8 @@
 (Hydra), MVAPICH2, Flux and PBS Pro with HPE PALS.
 
 Each launcher is one table of the environment variables it sets for every process (submitit's idea; the tables are
-in :mod:`lightning_dist_hooks.launcher_variables`), read by the shared base class :class:`LauncherEnvironment`. None of them initialises MPI to detect itself: they read variables only, unlike Lightning's
+in :mod:`lightning_dist_hooks.launcher_variables`), read by the shared base class :class:`LauncherEnvironment`.
+None of them initialises MPI to detect itself: they read variables only, unlike Lightning's
 ``MPIEnvironment.detect()``, which calls ``MPI_Init`` through mpi4py as a side effect.
 
 Use one explicitly with ``Trainer(plugins=[OpenMPIEnvironment()])``, or let ``lightning_dist_hooks.Trainer``
@@ -24,11 +25,14 @@ import warnings
 import zlib
 from abc import ABC
 from pathlib import Path
-from typing import ClassVar, Optional, Union
+from typing import TYPE_CHECKING, ClassVar, TypeAlias
 
-from lightning_dist_hooks._lightning_internals import FLAVOURS, PYTORCH_LIGHTNING, Flavour, flavour_of
 from lightning_dist_hooks import launcher_variables
+from lightning_dist_hooks._lightning_internals import FLAVOURS, PYTORCH_LIGHTNING, Flavour, flavour_of
 from lightning_dist_hooks.launcher_variables import LauncherVariables
+
+if TYPE_CHECKING:
+    from lightning_dist_hooks._lightning_internals import ClusterEnvironment
 
 log = logging.getLogger(__name__)
 
@@ -57,9 +61,9 @@ class LauncherEnvironment(ABC):
       or this node's ``variables.local_size``. That holds for block placement (ranks 0..k-1 on the first node, the
       default of every launcher here) with the same number of ranks on each node; Lightning uses the node rank only
       for its own logging and paths, never to address a peer;
-    * main address (read only for ``env://``): ``MASTER_ADDR``, else the scheduler's own (:meth:`scheduler_main_address`),
-      else ``127.0.0.1`` when all ranks are on this node; otherwise a ``RuntimeError`` saying to use ``file://`` or
-      set ``MASTER_ADDR``. A ``file://`` rendezvous never reads it;
+    * main address (read only for ``env://``): ``MASTER_ADDR``, else the scheduler's own
+      (:meth:`scheduler_main_address`), else ``127.0.0.1`` when all ranks are on this node; otherwise a
+      ``RuntimeError`` saying to use ``file://`` or set ``MASTER_ADDR``. A ``file://`` rendezvous never reads it;
     * main port (read only for ``env://``): ``MASTER_PORT``, else one derived from the job identity, else 29500.
     """
 
@@ -86,10 +90,10 @@ class LauncherEnvironment(ABC):
         return _int_variable(self.variables.local_rank)
 
     def set_world_size(self, size: int) -> None:
-        log.debug(f"{type(self).__name__}.set_world_size ignored: the launcher decides the world size.")
+        log.debug("%s.set_world_size ignored: the launcher decides the world size.", type(self).__name__)
 
     def set_global_rank(self, rank: int) -> None:
-        log.debug(f"{type(self).__name__}.set_global_rank ignored: the launcher decides the rank.")
+        log.debug("%s.set_global_rank ignored: the launcher decides the rank.", type(self).__name__)
 
     def node_rank(self) -> int:
         node_rank = self.variables.node_rank
@@ -116,10 +120,10 @@ class LauncherEnvironment(ABC):
     def _all_ranks_on_this_node(self) -> bool:
         return self._ranks_per_node() >= self.world_size()
 
-    def teardown(self) -> None:
+    def teardown(self) -> None:  # noqa: B027 - a no-op on purpose, not abstract
         """Nothing to undo: reading variables changes nothing (Lightning's ``ClusterEnvironment`` API)."""
 
-    def scheduler_main_address(self) -> Optional[str]:
+    def scheduler_main_address(self) -> str | None:
         """Rank 0's host as the scheduler tells it, if it does (None here; PBS overrides it)."""
         return None
 
@@ -146,7 +150,7 @@ class LauncherEnvironment(ABC):
         return _DERIVED_PORT_BASE + zlib.crc32(identity.encode()) % _DERIVED_PORT_RANGE
 
     @classmethod
-    def job_identity(cls) -> Optional[str]:
+    def job_identity(cls) -> str | None:
         """A name for this launch that every rank derives from its own environment, or None."""
         return identity_from(cls.variables.identity)
 
@@ -186,7 +190,7 @@ def check_launch_matches_trainer(environment: LauncherEnvironment, num_devices: 
         )
 
 
-def identity_from(alternatives: tuple[tuple[str, ...], ...]) -> Optional[str]:
+def identity_from(alternatives: tuple[tuple[str, ...], ...]) -> str | None:
     """``"NAME=value,NAME=value"`` from the first alternative whose first variable is set, else None."""
     for names in alternatives:
         if names[0] in os.environ:
@@ -197,7 +201,7 @@ def identity_from(alternatives: tuple[tuple[str, ...], ...]) -> Optional[str]:
 def _int_variable(name: str) -> int:
     value = os.environ.get(name)
     try:
-        return int(value)  # type: ignore[arg-type]
+        return int(value)  # type: ignore[arg-type]  # None raises TypeError, caught below
     except (TypeError, ValueError):
         raise RuntimeError(f"The launcher should set {name} to an integer, but it is {value!r}.") from None
 
@@ -242,7 +246,7 @@ class PALSEnvironment(LauncherEnvironment):
 
     variables = launcher_variables.PALS
 
-    def scheduler_main_address(self) -> Optional[str]:
+    def scheduler_main_address(self) -> str | None:
         nodefile = os.environ.get("PBS_NODEFILE")
         if not nodefile or not Path(nodefile).is_file():
             return None
@@ -252,7 +256,11 @@ class PALSEnvironment(LauncherEnvironment):
 
 
 LAUNCHER_ENVIRONMENTS: tuple[type[LauncherEnvironment], ...] = (
-    FluxEnvironment, PALSEnvironment, OpenMPIEnvironment, MVAPICH2Environment, HydraEnvironment,
+    FluxEnvironment,
+    PALSEnvironment,
+    OpenMPIEnvironment,
+    MVAPICH2Environment,
+    HydraEnvironment,
 )
 
 # Lightning's own detection (``_AcceleratorConnector._choose_and_init_cluster_environment``) tries TorchElastic,
@@ -277,8 +285,11 @@ LIGHTNING_DETECTION_ORDER: tuple[str, ...] = ("TorchElasticEnvironment", "SLURME
 #   so a process srun started, an OpenMPI program with PMIX_* from srun --mpi=pmix included, stays SLURM's.
 # * Lightning's MPIEnvironment is left out: its detect() initialises MPI. When nothing here detects, Lightning's
 #   own detection runs as usual and may still choose it.
+# An environment class: one of ours, or a ClusterEnvironment of either Lightning package (ours are registered as
+# virtual subclasses of those, which a type checker does not see).
+EnvironmentClass: TypeAlias = "type[LauncherEnvironment] | type[ClusterEnvironment]"
 # Lightning's classes by name (a str), ours and registered ones as classes.
-DetectionEntry = Union[str, type]
+DetectionEntry: TypeAlias = "str | EnvironmentClass"
 DETECTION_ORDER: tuple[DetectionEntry, ...] = (
     "TorchElasticEnvironment",
     "LSFEnvironment",
@@ -294,7 +305,7 @@ def _name(entry: DetectionEntry) -> str:
 
 
 def register_cluster_environment(
-    environment: type,
+    environment: EnvironmentClass,
     *,
     before: DetectionEntry = "LSFEnvironment",
     replace: bool = False,
@@ -333,15 +344,17 @@ def register_cluster_environment(
     _detection_order.insert(names.index(_name(before)), environment)
 
 
-def detection_order(flavour: Flavour = PYTORCH_LIGHTNING) -> tuple[type, ...]:
+def detection_order(flavour: Flavour = PYTORCH_LIGHTNING) -> tuple[EnvironmentClass, ...]:
     """The classes :func:`detect_cluster_environment` tries, in order: ``DETECTION_ORDER`` plus registrations.
 
     Lightning's own classes are ``flavour``'s (``pytorch_lightning``'s unless told).
     """
-    return tuple(flavour.lightning_environment(entry) if isinstance(entry, str) else entry for entry in _detection_order)
+    return tuple(
+        flavour.lightning_environment(entry) if isinstance(entry, str) else entry for entry in _detection_order
+    )
 
 
-def detect_cluster_environment(flavour: Flavour = PYTORCH_LIGHTNING) -> Optional[type]:
+def detect_cluster_environment(flavour: Flavour = PYTORCH_LIGHTNING) -> EnvironmentClass | None:
     """The first class of :func:`detection_order` that detects this process's launcher, or None.
 
     Lightning's ``SLURMEnvironment.detect()`` may warn that ``srun`` is available but unused; nothing here
@@ -350,7 +363,7 @@ def detect_cluster_environment(flavour: Flavour = PYTORCH_LIGHTNING) -> Optional
     return next((environment for environment in detection_order(flavour) if environment.detect()), None)
 
 
-def lightning_would_choose(environment: type, flavour: Flavour = PYTORCH_LIGHTNING) -> bool:
+def lightning_would_choose(environment: EnvironmentClass, flavour: Flavour = PYTORCH_LIGHTNING) -> bool:
     """Whether Lightning's own detection, left alone, would pick ``environment`` too (so nothing need be added)."""
     lightning_order = (flavour.lightning_environment(name) for name in LIGHTNING_DETECTION_ORDER)
     return next((known for known in lightning_order if known.detect()), None) is environment
@@ -373,7 +386,10 @@ def __getattr__(name: str) -> object:
     # Deprecated names: MPI launchers are not schedulers.
     renamed = {"SchedulerEnvironment": "LauncherEnvironment", "SCHEDULER_ENVIRONMENTS": "LAUNCHER_ENVIRONMENTS"}
     if name in renamed:
-        warnings.warn(f"lightning_dist_hooks.environments.{name} is deprecated; use {renamed[name]}.",
-                      DeprecationWarning, stacklevel=2)
+        warnings.warn(
+            f"lightning_dist_hooks.environments.{name} is deprecated; use {renamed[name]}.",
+            DeprecationWarning,
+            stacklevel=2,
+        )
         return globals()[renamed[name]]
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -16,14 +16,13 @@ from __future__ import annotations
 import os
 import time
 from multiprocessing.util import Finalize
-from typing import Optional
 
 # Long enough for a runnable thread to be scheduled on a busy node; paid once per rank, at exit.
 GRACE_S = 0.05
 # Multiprocessing's exit handler runs after Lightning's atexit one (registered later, run first) and runs its own
 # finalisers by priority: 1 comes after lightning_dist_hooks' process-group finaliser (100).
 _PRIORITY = 1
-_registered_in_pid: Optional[int] = None
+_registered_in_pid: int | None = None
 
 
 def hand_the_gil_to_backend_threads_at_exit() -> None:

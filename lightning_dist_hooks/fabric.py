@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from datetime import timedelta
-from typing import Any, Callable, Optional
+# typing's Callable and Optional, not collections.abc's and `X | None`: they are runtime annotations in the generated
+# signature, next to Lightning's own (typing's), for help() and LightningCLI.
+from typing import Any, Callable, Optional  # noqa: UP035 - see above
 
 from lightning_dist_hooks import _lightning_internals
 from lightning_dist_hooks._lightning_internals import check_same_package
@@ -19,7 +20,7 @@ FABRIC_PARAMETER_DOCS = {
     **FLAG_DOCS,
     "setup_distributed_backend": (
         "called on every rank, with the signature and contract of the LightningModule hook of that name, to create "
-        "the default process group; None calls ``init_process_group`` once. With ``strategy=\"ddp_spawn\"`` it must "
+        'the default process group; None calls ``init_process_group`` once. With ``strategy="ddp_spawn"`` it must '
         "be picklable (a module-level function)."
     ),
 }
@@ -35,7 +36,8 @@ class DistributedHooksFabricMixin:
                                                  world_size=world_size, timeout=timeout, device_id=device_id)
 
         fabric = Fabric(accelerator="cpu", devices=2, strategy="ddp", torch_dist_backend="gloo",
-                        torch_dist_init_method="file:///shared/runs/", setup_distributed_backend=setup_distributed_backend)
+                        torch_dist_init_method="file:///shared/runs/",
+                        setup_distributed_backend=setup_distributed_backend)
         fabric.launch()
 
     Args:
@@ -55,14 +57,14 @@ class DistributedHooksFabricMixin:
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
         if DistributedHooksFabricMixin in cls.__bases__ and "__init__" not in cls.__dict__:
-            cls.__init__ = _init_with_full_signature(cls)  # type: ignore[method-assign]
+            cls.__init__ = _init_with_full_signature(cls)  # type: ignore[method-assign]  # generated on purpose
 
     def __init__(
         self,
         *args: Any,
-        torch_dist_backend: Optional[str] = None,
-        torch_dist_init_method: Optional[str] = None,
-        setup_distributed_backend: Optional[SetupDistributedBackend] = None,
+        torch_dist_backend: str | None = None,
+        torch_dist_init_method: str | None = None,
+        setup_distributed_backend: SetupDistributedBackend | None = None,
         **kwargs: Any,
     ) -> None:
         config = ProcessGroupConfig.validated(torch_dist_backend, torch_dist_init_method)
@@ -80,16 +82,16 @@ class DistributedHooksFabricMixin:
             )
         check_same_package(self, kwargs)
         super().__init__(*args, **with_detected_cluster_environment(kwargs, flavour))
-        strategy = self.strategy  # type: ignore[attr-defined]
+        strategy = self.strategy  # type: ignore[attr-defined]  # the Fabric's, which the mixin precedes
         self._process_group_config = apply_flags(self, strategy, config, flavour, setup_distributed_backend)
 
     @property
-    def torch_dist_backend(self) -> Optional[str]:
+    def torch_dist_backend(self) -> str | None:
         """The validated ``torch_dist_backend`` (lower-cased), or None for Lightning's choice."""
         return self._process_group_config.backend
 
     @property
-    def torch_dist_init_method(self) -> Optional[str]:
+    def torch_dist_init_method(self) -> str | None:
         """The validated ``torch_dist_init_method`` where the ranks really meet, or None: ``file:///DIR/`` resolved
         to this launch's file, and a file inside this user's private directory ``DIR/ldh-uid-<UID>/``."""
         return self._process_group_config.location
@@ -101,19 +103,21 @@ def _init_with_full_signature(cls: type) -> Callable[..., None]:
     Lightning documents Fabric's arguments on the class, not on ``__init__``: that is the docstring extended.
     """
     parent = cls.__mro__[cls.__mro__.index(DistributedHooksFabricMixin) + 1]
-    parent_init = parent.__init__
+    parent_init = parent.__init__  # type: ignore[misc]  # the parent's, on purpose
 
-    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:  # noqa: N807 - becomes cls.__init__
         DistributedHooksFabricMixin.__init__(self, *args, **kwargs)
 
     __init__.__qualname__ = f"{cls.__qualname__}.__init__"
     __init__.__module__ = cls.__module__
+    # inspect.signature() reads __signature__, an attribute functions do not declare (hence the ignore).
     __init__.__signature__ = with_keyword_parameters(  # type: ignore[attr-defined]
         parent_init,
         {
             **FLAG_PARAMETERS,
             "setup_distributed_backend": keyword_parameter(
-                "setup_distributed_backend", Optional[SetupDistributedBackend]
+                "setup_distributed_backend",
+                Optional[SetupDistributedBackend],  # noqa: UP045 - see the import
             ),
         },
     )

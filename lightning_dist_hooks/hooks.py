@@ -8,8 +8,9 @@ hints. This module imports no Lightning package: the mixin serves both.
 from __future__ import annotations
 
 import inspect
+from collections.abc import Callable
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any, Callable, Optional
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed
@@ -27,7 +28,7 @@ def default_setup_distributed_backend(
     rank: int,
     world_size: int,
     timeout: timedelta,
-    device_id: Optional[torch.device] = None,
+    device_id: torch.device | None = None,
 ) -> None:
     """What ``setup_distributed_backend`` does unless overridden: exactly one ``init_process_group`` call, with the
     arguments Lightning passes (``device_id`` binds an NCCL group to the rank's GPU; None on CPU)."""
@@ -48,7 +49,7 @@ def takes_device_id(hook: Callable[..., Any]) -> bool:
     return any(p.name == "device_id" or p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters)
 
 
-def lightning_default_sampler(trainer: "Trainer", dataloader: DataLoader, stage: "RunningStage") -> Optional[Sampler]:
+def lightning_default_sampler(trainer: Trainer, dataloader: DataLoader, stage: RunningStage) -> Sampler | None:
     """The sampler Lightning's Trainer would give ``dataloader`` today, or None where it keeps the loader.
 
     Honours ``use_distributed_sampler``, wraps custom samplers in ``DistributedSamplerWrapper`` and uses the
@@ -74,7 +75,7 @@ class DistributedHooksMixin:
                 return super().configure_sampler(dataloader, stage)
     """
 
-    trainer: "Trainer"
+    trainer: Trainer
 
     def setup_distributed_backend(
         self,
@@ -83,7 +84,7 @@ class DistributedHooksMixin:
         rank: int,
         world_size: int,
         timeout: timedelta,
-        device_id: Optional[torch.device] = None,
+        device_id: torch.device | None = None,
     ) -> None:
         """Create the default process group of this rank. Called once per rank, before any collective.
 
@@ -108,7 +109,7 @@ class DistributedHooksMixin:
         """
         default_setup_distributed_backend(backend, init_method, rank, world_size, timeout, device_id)
 
-    def configure_sampler(self, dataloader: DataLoader, stage: "RunningStage") -> Optional[Sampler]:
+    def configure_sampler(self, dataloader: DataLoader, stage: RunningStage) -> Sampler | None:
         """Choose the sampler of ``dataloader``; called for every DataLoader the Trainer prepares.
 
         Args:
@@ -126,7 +127,7 @@ class DistributedHooksMixin:
         return lightning_default_sampler(self.trainer, dataloader, stage)
 
 
-def user_hook(owner: object, name: str) -> Optional[Callable[..., Any]]:
+def user_hook(owner: object, name: str) -> Callable[..., Any] | None:
     """``owner``'s own implementation of hook ``name``, bound; None if it has none or only the default."""
     if owner is None:
         return None
@@ -136,6 +137,7 @@ def user_hook(owner: object, name: str) -> Optional[Callable[..., Any]]:
     return getattr(owner, name)
 
 
-def sampler_hook(trainer: "Trainer") -> Optional[Callable[[DataLoader, "RunningStage"], Optional[Sampler]]]:
+def sampler_hook(trainer: Trainer) -> Callable[[DataLoader, RunningStage], Sampler | None] | None:
     """The ``configure_sampler`` to call: the datamodule's wins over the LightningModule's."""
-    return user_hook(trainer.datamodule, "configure_sampler") or user_hook(trainer.lightning_module, "configure_sampler")
+    datamodule = trainer.datamodule  # type: ignore[attr-defined]  # set by Lightning's data connector
+    return user_hook(datamodule, "configure_sampler") or user_hook(trainer.lightning_module, "configure_sampler")

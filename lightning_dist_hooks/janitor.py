@@ -48,9 +48,19 @@ class Janitor:
         try:
             self.process = subprocess.Popen(
                 # -I: no PYTHON* variables, user site or script directory: the standard library alone, as it needs.
-                [sys.executable, "-I", __file__, str(theirs.fileno()), str(directory_fd), str(shared_fd), directory_name],
-                pass_fds=(theirs.fileno(), directory_fd, shared_fd), start_new_session=True,
-                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                [
+                    sys.executable,
+                    "-I",
+                    __file__,
+                    str(theirs.fileno()),
+                    str(directory_fd),
+                    str(shared_fd),
+                    directory_name,
+                ],
+                pass_fds=(theirs.fileno(), directory_fd, shared_fd),
+                start_new_session=True,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
             )
         finally:
             theirs.close()
@@ -111,4 +121,5 @@ def _watch(socket_fd: int, directory_fd: int, shared_fd: int, directory_name: st
 
 
 if __name__ == "__main__":
-    _watch(*map(int, sys.argv[1:4]), sys.argv[4])
+    socket_fd, directory_fd, shared_fd = map(int, sys.argv[1:4])
+    _watch(socket_fd, directory_fd, shared_fd, sys.argv[4])

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Optional
 
 
 @dataclass(frozen=True)
@@ -33,16 +32,24 @@ class LauncherVariables:
     rank: str
     world_size: str
     local_rank: str
-    local_size: Optional[str] = None
-    node_rank: Optional[str] = None
-    node_count: Optional[str] = None
+    local_size: str | None = None
+    node_rank: str | None = None
+    node_count: str | None = None
     identity: tuple[tuple[str, ...], ...] = ()
 
     def names(self) -> frozenset[str]:
         """Every variable this table mentions."""
         optional = (self.local_size, self.node_rank, self.node_count)
-        return frozenset((*self.detect, self.rank, self.world_size, self.local_rank,
-                          *filter(None, optional), *(name for names in self.identity for name in names)))
+        return frozenset(
+            (
+                *self.detect,
+                self.rank,
+                self.world_size,
+                self.local_rank,
+                *filter(None, optional),
+                *(name for names in self.identity for name in names),
+            )
+        )
 
 
 # The enclosing allocation, for MPI launchers that name no launch of their own. Several launches inside one
@@ -110,21 +117,46 @@ MPI_LAUNCHERS = (OPEN_MPI, HYDRA, MVAPICH2)
 # The rank variable each MPI launcher sets for the processes it starts, ours above (Open MPI, MPICH's and Intel
 # MPI's Hydra, MVAPICH2, Cray PALS) and others (PMIx's prun, Cray ALPS): a process with none of them was not
 # started by one. Rank variables only: OMPI_MCA_*, MV2_*, I_MPI_* are also users' own settings.
-MPI_RANK_VARIABLES = frozenset({*(launcher.rank for launcher in (*MPI_LAUNCHERS, PALS)), HYDRA.local_rank,
-                                "PMIX_RANK", "ALPS_APP_PE"})
+MPI_RANK_VARIABLES = frozenset(
+    {*(launcher.rank for launcher in (*MPI_LAUNCHERS, PALS)), HYDRA.local_rank, "PMIX_RANK", "ALPS_APP_PE"}
+)
 
 # What a launcher sets that a job started from inside it must not inherit, or that job would take the outer
 # launcher's ranks (or an earlier launch's identity) for its own: every family above and Lightning's (SLURM, LSF's
 # jsrun, torchrun), by prefix, and single names torch and Lightning read.
-LAUNCHER_VARIABLE_PREFIXES = ("SLURM_", "OMPI_", "PMI_", "PMIX_", "MPI_LOCAL", "MV2_", "FLUX_", "PALS_", "PBS_",
-                              "LSB_", "JSM_", "TORCHELASTIC_")
-LAUNCHER_VARIABLES = frozenset({
-    # torch's env:// and torchrun
-    "MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK",
-    "GROUP_WORLD_SIZE", "ROLE_RANK", "ROLE_WORLD_SIZE", "ROLE_NAME",
-    # Lightning's own launcher (LightningEnvironment), and this package's token for its launches (launches.py)
-    "NODE_RANK", "LIGHTNING_DIST_HOOKS_LAUNCH_TOKEN",
-})
+LAUNCHER_VARIABLE_PREFIXES = (
+    "SLURM_",
+    "OMPI_",
+    "PMI_",
+    "PMIX_",
+    "MPI_LOCAL",
+    "MV2_",
+    "FLUX_",
+    "PALS_",
+    "PBS_",
+    "LSB_",
+    "JSM_",
+    "TORCHELASTIC_",
+)
+LAUNCHER_VARIABLES = frozenset(
+    {
+        # torch's env:// and torchrun
+        "MASTER_ADDR",
+        "MASTER_PORT",
+        "WORLD_SIZE",
+        "RANK",
+        "LOCAL_RANK",
+        "LOCAL_WORLD_SIZE",
+        "GROUP_RANK",
+        "GROUP_WORLD_SIZE",
+        "ROLE_RANK",
+        "ROLE_WORLD_SIZE",
+        "ROLE_NAME",
+        # Lightning's own launcher (LightningEnvironment), and this package's token for its launches (launches.py)
+        "NODE_RANK",
+        "LIGHTNING_DIST_HOOKS_LAUNCH_TOKEN",
+    }
+)
 
 
 def is_launcher_variable(name: str) -> bool:

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import os
 import uuid
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING
 
 from lightning_dist_hooks._lightning_internals import lightning_environment_name
 from lightning_dist_hooks.environments import LauncherEnvironment, identity_from
@@ -41,13 +41,13 @@ _LIGHTNING_IDENTITIES: dict[str, tuple[tuple[str, ...], ...]] = {
 _TORCHRUN_SINGLE_NODE = (("TORCHELASTIC_RUN_ID", "TORCHELASTIC_RESTART_COUNT"),)
 _TORCHRUN_MULTI_NODE = (("TORCHELASTIC_RUN_ID",),)
 
-_token_made_here: Optional[str] = None
+_token_made_here: str | None = None
 
 if TYPE_CHECKING:
     from lightning_dist_hooks._lightning_internals import ClusterEnvironment
 
 
-def launch_identity(environment: ClusterEnvironment) -> Optional[str]:
+def launch_identity(environment: ClusterEnvironment) -> str | None:
     """This launch's identity under ``environment``, or None when the launcher gives none.
 
     For example ``'SLURM_JOB_ID=42,SLURM_STEP_ID=0'`` in the first step of SLURM job 42.
@@ -63,15 +63,17 @@ def launch_identity(environment: ClusterEnvironment) -> Optional[str]:
     return identity_from(_LIGHTNING_IDENTITIES[name]) if name in _LIGHTNING_IDENTITIES else None
 
 
-def no_identity_shared_by_nodes(environment: ClusterEnvironment, num_nodes: int) -> Optional[str]:
+def no_identity_shared_by_nodes(environment: ClusterEnvironment, num_nodes: int) -> str | None:
     """Why the nodes of this launch would derive different identities, or None if they derive the same one."""
     if num_nodes > 1 and lightning_environment_name(environment) == "LightningEnvironment":
-        return ("Lightning's own launcher is started once per node, and each node's launching process makes its "
-                "own launch token: nothing tells the nodes one shared name")
+        return (
+            "Lightning's own launcher is started once per node, and each node's launching process makes its "
+            "own launch token: nothing tells the nodes one shared name"
+        )
     return None
 
 
-def _lightning_launch_token(environment: ClusterEnvironment) -> Optional[str]:
+def _lightning_launch_token(environment: ClusterEnvironment) -> str | None:
     """A fresh token in the process that launches the others; the inherited one in the processes it launched.
 
     Lightning marks processes started by its launcher (or by a user's script that sets LOCAL_RANK) as created

@@ -17,7 +17,6 @@ import re
 import threading
 import time
 from datetime import timedelta
-from typing import Optional
 
 import torch.distributed
 
@@ -28,8 +27,9 @@ _KEY_PREFIX = "lightning_dist_hooks/still-here/"
 # A peer that died is not asked about: its closed sockets fail the collective at once, with gloo naming the peer
 # ("Connection closed by peer [ADDRESS]:PORT"), and the launcher is already stopping the other ranks.
 # gloo words it the second way when another operation's timeout has already closed the pair to that peer.
-_COLLECTIVE_TIMEOUT = re.compile(r"timed out waiting \d+ ?ms for (send|recv)|application timeout caused pair closure",
-                                 re.IGNORECASE)
+_COLLECTIVE_TIMEOUT = re.compile(
+    r"timed out waiting \d+ ?ms for (send|recv)|application timeout caused pair closure", re.IGNORECASE
+)
 
 
 def is_collective_timeout(error: BaseException) -> bool:
@@ -37,7 +37,7 @@ def is_collective_timeout(error: BaseException) -> bool:
     return _COLLECTIVE_TIMEOUT.search(str(error)) is not None
 
 
-def lost_peers_message(rank: int, world_size: int, wait_s: float = ANSWER_WAIT_S) -> Optional[str]:
+def lost_peers_message(rank: int, world_size: int, wait_s: float = ANSWER_WAIT_S) -> str | None:
     """Ask every rank through the default group's store who is still there; None without a store (``mpi://``).
 
     On rank 0 of 4 whose peers on another node were cut off::
@@ -56,14 +56,20 @@ def lost_peers_message(rank: int, world_size: int, wait_s: float = ANSWER_WAIT_S
     asking.join(2 * wait_s + 1)
     if not answer or isinstance(answer[0], Exception):  # the store's host is gone, or the path to it
         why = f" ({type(answer[0]).__name__}: {answer[0]})" if answer else ""
-        return (f"rank {rank} of {world_size} lost contact with rank 0: the rendezvous store rank 0 holds did not "
-                f"answer within {wait_s:g} s{why}")
+        return (
+            f"rank {rank} of {world_size} lost contact with rank 0: the rendezvous store rank 0 holds did not "
+            f"answer within {wait_s:g} s{why}"
+        )
     missing = answer[0]
     if missing:
-        return (f"rank {rank} of {world_size} lost contact with ranks {missing}: they did not answer through the "
-                f"rendezvous store within {wait_s:g} s (their node is down or cut off, or they died)")
-    return (f"rank {rank} of {world_size}: a collective failed, but every rank still answers through the rendezvous "
-            "store: the connections between the ranks failed (check the network GLOO_SOCKET_IFNAME names)")
+        return (
+            f"rank {rank} of {world_size} lost contact with ranks {missing}: they did not answer through the "
+            f"rendezvous store within {wait_s:g} s (their node is down or cut off, or they died)"
+        )
+    return (
+        f"rank {rank} of {world_size}: a collective failed, but every rank still answers through the rendezvous "
+        "store: the connections between the ranks failed (check the network GLOO_SOCKET_IFNAME names)"
+    )
 
 
 def _ask(store: torch.distributed.Store, rank: int, world_size: int, wait_s: float, answer: list) -> None:
@@ -84,7 +90,7 @@ def _ranks_not_answering(store: torch.distributed.Store, world_size: int, wait_s
         time.sleep(0.2)
 
 
-def _default_store() -> Optional[torch.distributed.Store]:
+def _default_store() -> torch.distributed.Store | None:
     if not torch.distributed.is_initialized():
         return None
     try:
@@ -95,6 +101,7 @@ def _default_store() -> Optional[torch.distributed.Store]:
 
 def _set_timeout(store: torch.distributed.Store, timeout: timedelta) -> None:
     # A PrefixStore keeps its own timeout and its underlying store's; both bound a call.
-    while store is not None:
-        store.set_timeout(timeout)
-        store = getattr(store, "underlying_store", None)
+    current: torch.distributed.Store | None = store
+    while current is not None:
+        current.set_timeout(timeout)
+        current = getattr(current, "underlying_store", None)

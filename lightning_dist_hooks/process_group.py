@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import re
 import time
+from collections.abc import Callable
 from datetime import timedelta
 from multiprocessing.util import Finalize
-from typing import Any, Callable, Optional
+from typing import Any
 
 import torch
 import torch.distributed
@@ -26,7 +27,7 @@ class DistributedSetupError(RuntimeError):
     """``setup_distributed_backend`` failed, or returned without the process group the Trainer needs."""
 
 
-def create_process_group(strategy: Any, init_method: Optional[str], hook: Callable[..., None]) -> None:
+def create_process_group(strategy: Any, init_method: str | None, hook: Callable[..., None]) -> None:
     """Create this rank's default process group through the LightningModule's ``setup_distributed_backend``.
 
     Called on every rank after the strategy knows its ranks and before any collective. The group and the
@@ -51,10 +52,18 @@ def create_process_group(strategy: Any, init_method: Optional[str], hook: Callab
     started = time.monotonic()
     missing = missing_ranks_query(handler, rendezvous, world_size)
     try:
-        with rendezvous_progress(rank, world_size, url, timeout, missing), \
-                rendezvous_deadline(rank, world_size, url, timeout, missing):
-            hook(backend, rendezvous.init_method, rank, world_size, timeout,
-                 **({"device_id": device_id} if takes_device_id(hook) else {}))
+        with (
+            rendezvous_progress(rank, world_size, url, timeout, missing),
+            rendezvous_deadline(rank, world_size, url, timeout, missing),
+        ):
+            hook(
+                backend,
+                rendezvous.init_method,
+                rank,
+                world_size,
+                timeout,
+                **({"device_id": device_id} if takes_device_id(hook) else {}),
+            )
     except Exception as error:
         if _is_rendezvous_timeout(error, time.monotonic() - started, timeout):
             raise DistributedSetupError(
@@ -74,7 +83,7 @@ def create_process_group(strategy: Any, init_method: Optional[str], hook: Callab
     )
 
 
-def lightning_device_id(strategy: Any) -> Optional[torch.device]:
+def lightning_device_id(strategy: Any) -> torch.device | None:
     """The ``device_id`` Lightning's strategies pass to ``init_process_group``: the rank's device unless it is the
     CPU, or None where the installed Lightning binds no group to a device (before 2.5.5). A CUDA device is made the
     current one first either way: Lightning's ``setup_environment`` does that (the accelerator's ``setup_device``)

@@ -19,18 +19,17 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Callable, Optional
 
 from lightning_dist_hooks.init_methods import InitMethod, Rendezvous
 
 log = logging.getLogger(__name__)
 
 # Returns the ranks that have not arrived yet, or None when the rendezvous cannot tell which.
-MissingRanks = Callable[[], Optional[list[int]]]
+MissingRanks = Callable[[], list[int] | None]
 
 
 def missing_ranks_query(handler: InitMethod, rendezvous: Rendezvous, world_size: int) -> MissingRanks:
@@ -63,8 +62,9 @@ DEFAULT_SCHEDULE = ReportSchedule()
 schedule = DEFAULT_SCHEDULE
 
 
-def waiting_message(rank: int, world_size: int, init_method: str, elapsed_s: float, timeout: timedelta,
-                    missing: Optional[list[int]]) -> str:
+def waiting_message(
+    rank: int, world_size: int, init_method: str, elapsed_s: float, timeout: timedelta, missing: list[int] | None
+) -> str:
     """One progress line.
 
     >>> waiting_message(0, 16, "file:///shared/rdzv/run42", 40.2, timedelta(minutes=30), [5, 9, 12])
@@ -80,9 +80,14 @@ def waiting_message(rank: int, world_size: int, init_method: str, elapsed_s: flo
 
 
 @contextmanager
-def rendezvous_progress(rank: int, world_size: int, init_method: str, timeout: timedelta,
-                        missing_ranks: MissingRanks,
-                        report_schedule: Optional[ReportSchedule] = None) -> Iterator[None]:
+def rendezvous_progress(
+    rank: int,
+    world_size: int,
+    init_method: str,
+    timeout: timedelta,
+    missing_ranks: MissingRanks,
+    report_schedule: ReportSchedule | None = None,
+) -> Iterator[None]:
     """Report at the times of ``report_schedule`` (default: :data:`schedule`) until the block ends."""
     done = threading.Event()
     reporter = threading.Thread(
@@ -107,8 +112,15 @@ def _make_visible() -> None:
             log.setLevel(logging.INFO)
 
 
-def _report_until_done(done: threading.Event, rank: int, world_size: int, init_method: str, timeout: timedelta,
-                       missing_ranks: MissingRanks, report_schedule: ReportSchedule) -> None:
+def _report_until_done(
+    done: threading.Event,
+    rank: int,
+    world_size: int,
+    init_method: str,
+    timeout: timedelta,
+    missing_ranks: MissingRanks,
+    report_schedule: ReportSchedule,
+) -> None:
     started = time.monotonic()
     level = logging.INFO if rank == 0 else logging.DEBUG
     for report_at in report_schedule.times():

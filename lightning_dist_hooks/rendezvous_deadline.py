@@ -46,29 +46,35 @@ def grace_s(timeout: timedelta) -> float:
     return min(60.0, max(10.0, 0.1 * timeout.total_seconds()))
 
 
-def stuck_message(rank: int, world_size: int, init_method: str, timeout: timedelta,
-                  missing: list[int] | None) -> str:
+def stuck_message(rank: int, world_size: int, init_method: str, timeout: timedelta, missing: list[int] | None) -> str:
     """What a rank says before it ends itself.
 
-    >>> print(stuck_message(1, 2, "tcp://10.0.0.1:29500", timedelta(seconds=15), None))  # doctest: +NORMALIZE_WHITESPACE
+    >>> print(stuck_message(1, 2, "tcp://10.0.0.1:29500", timedelta(seconds=15),
+    ...                     None))  # doctest: +NORMALIZE_WHITESPACE
     [lightning_dist_hooks] rank 1 of 2: the rendezvous through tcp://10.0.0.1:29500 has not returned 10 s after its
     15 s timeout: it is stuck inside torch, which did not honour the timeout (which ranks are missing cannot be
     known from this rank). Ending this process with exit code 1, so that the launcher ends the job instead of
     waiting forever. Check that every rank reaches the same init method and, for tcp:// and env://, that no other
     process holds rank 0's port.
     """
-    who = ("which ranks are missing cannot be known from this rank" if missing is None
-           else f"ranks that never arrived: {missing}")
-    return (f"[lightning_dist_hooks] rank {rank} of {world_size}: the rendezvous through {init_method} has not "
-            f"returned {grace_s(timeout):g} s after its {timeout.total_seconds():g} s timeout: it is stuck inside "
-            f"torch, which did not honour the timeout ({who}). Ending this process with exit code {EXIT_CODE}, so that "
-            "the launcher ends the job instead of waiting forever. Check that every rank reaches the same init "
-            "method and, for tcp:// and env://, that no other process holds rank 0's port.")
+    who = (
+        "which ranks are missing cannot be known from this rank"
+        if missing is None
+        else f"ranks that never arrived: {missing}"
+    )
+    return (
+        f"[lightning_dist_hooks] rank {rank} of {world_size}: the rendezvous through {init_method} has not "
+        f"returned {grace_s(timeout):g} s after its {timeout.total_seconds():g} s timeout: it is stuck inside "
+        f"torch, which did not honour the timeout ({who}). Ending this process with exit code {EXIT_CODE}, so that "
+        "the launcher ends the job instead of waiting forever. Check that every rank reaches the same init "
+        "method and, for tcp:// and env://, that no other process holds rank 0's port."
+    )
 
 
 @contextmanager
-def rendezvous_deadline(rank: int, world_size: int, init_method: str, timeout: timedelta,
-                        missing: MissingRanks) -> Iterator[None]:
+def rendezvous_deadline(
+    rank: int, world_size: int, init_method: str, timeout: timedelta, missing: MissingRanks
+) -> Iterator[None]:
     """End this process if the body has not returned ``grace_s(timeout)`` after ``timeout`` (see module doc)."""
 
     def end_process() -> None:

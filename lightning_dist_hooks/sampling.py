@@ -22,7 +22,9 @@ def _prepare_dataloader(self: Any, dataloader: object, shuffle: bool, mode: Any)
     """
     configure_sampler = sampler_hook(self.trainer)
     if configure_sampler is None or not isinstance(dataloader, DataLoader):
-        return _lightning_internals.flavour_of(self).DataConnector._prepare_dataloader(self, dataloader, shuffle, mode)
+        flavour = _lightning_internals.flavour_of(self)
+        assert flavour is not None  # self is a flavour's SamplerHookDataConnector
+        return flavour.DataConnector._prepare_dataloader(self, dataloader, shuffle, mode)
     try:
         sampler = configure_sampler(dataloader, mode)
     except Exception as error:

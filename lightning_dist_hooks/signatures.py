@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import functools
 import inspect
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 
 def with_keyword_parameters(parent: Callable[..., Any], added: dict[str, inspect.Parameter]) -> inspect.Signature:

@@ -1,7 +1,7 @@
 """Letting the flags and ``setup_distributed_backend`` create the process group of any strategy that makes one.
 
-The Trainer (or Fabric) gets its strategy from a string (``"ddp_spawn"``, ``"fsdp"``, ...) or from the user's own instance,
-possibly of the user's own subclass. To keep every setting and the instance itself, the Trainer gives that
+The Trainer (or Fabric) gets its strategy from a string (``"ddp_spawn"``, ``"fsdp"``, ...) or from the user's own
+instance, possibly of the user's own subclass. To keep every setting and the instance itself, the Trainer gives that
 instance a generated subclass of its own class whose only change is that ``setup_environment`` first creates
 the process group our way. Lightning's code that follows then finds the
 group initialised and skips its own ``env://`` bootstrap, which it does by design.
@@ -10,7 +10,8 @@ group initialised and skips its own ``env://`` bootstrap, which it does by desig
 from __future__ import annotations
 
 import logging
-from typing import Any, Callable, Optional
+from collections.abc import Callable
+from typing import Any
 
 import torch.distributed
 
@@ -26,7 +27,7 @@ from lightning_dist_hooks.process_group import create_process_group
 log = logging.getLogger(__name__)
 
 
-def _setup_hook(strategy: Any) -> Optional[Callable[..., None]]:
+def _setup_hook(strategy: Any) -> Callable[..., None] | None:
     """The user's ``setup_distributed_backend``: Fabric's from its constructor, the Trainer's from the
     LightningModule (Fabric strategies have none); None when there is none."""
     return strategy._setup_distributed_backend or user_hook(
@@ -94,7 +95,7 @@ def _hooked_class(strategy_class: type) -> type:
 
 
 def _new_hooked_strategy(strategy_class: type) -> Any:
-    hooked = _hooked_class(strategy_class)
+    hooked: type[object] = _hooked_class(strategy_class)
     return hooked.__new__(hooked)
 
 
@@ -108,7 +109,7 @@ def attach_process_group_config(
     strategy: Any,
     config: ProcessGroupConfig,
     uses_cuda: bool,
-    setup_distributed_backend: Optional[Callable[..., None]] = None,
+    setup_distributed_backend: Callable[..., None] | None = None,
 ) -> None:
     """Check ``config`` against ``strategy`` and make the strategy create its group through the hooks.
 

@@ -1,6 +1,6 @@
 """The releases this package is tested with: setup.py's requirements and the first-use warning both read them here.
 
-README.md's "Compatibility" section says which combinations CI runs and which ends were run once by hand.
+docs/compatibility.md says which combinations CI runs and which ends were run once by hand.
 ``setup.py`` runs this file on its own, before torch may be installed, so it imports only the standard library
 at the top.
 
@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import warnings
 from importlib.metadata import PackageNotFoundError, version
-from typing import Optional
 
 PYTHON = ">=3.10,<3.14"
 
@@ -23,7 +22,7 @@ PYTHON = ">=3.10,<3.14"
 _TORCH_BELOW = "<2.15"
 
 SUPPORTED = {
-    # The oldest torch whose fast subset passed (README, Compatibility): with 2.5 and 2.4 a Fabric job hangs.
+    # The oldest torch whose fast subset passed (docs/compatibility.md): with 2.5 and 2.4 a Fabric job hangs.
     "torch": ">=2.6," + _TORCH_BELOW,
     # 2.4 added ModelParallelStrategy, which _lightning_internals.py names. Both packages release in lockstep.
     "pytorch-lightning": ">=2.4,<2.7",
@@ -41,14 +40,14 @@ MPI_TRANSPORT_TORCH = ">=2.13," + _TORCH_BELOW
 _CHECKED: set[str] = set()
 
 
-def installed_version(distribution: str) -> Optional[str]:
+def installed_version(distribution: str) -> str | None:
     try:
         return version(distribution)
     except PackageNotFoundError:
         return None
 
 
-def warn_if_untested(distribution: str, installed: Optional[str] = None) -> None:
+def warn_if_untested(distribution: str, installed: str | None = None) -> None:
     """Warn once per process, naming the tested range and the fix, when ``distribution`` is installed outside it.
 
     Called where the package first uses each dependency; ``installed`` defaults to the installed version.

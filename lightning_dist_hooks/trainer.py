@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import inspect
-from typing import Any, Callable, Optional
+from collections.abc import Callable
+from typing import Any, Optional
 
 from lightning_dist_hooks import _lightning_internals
 from lightning_dist_hooks._lightning_internals import Flavour, check_same_package
@@ -20,20 +21,21 @@ from lightning_dist_hooks.wiring import apply_flags, with_detected_cluster_envir
 # Our parameters, as they appear in the Trainer's signature, ``--help`` and ``LightningCLI``.
 FLAG_DOCS = {
     "torch_dist_backend": (
-        "the ``torch.distributed`` backend (``\"gloo\"``, ``\"nccl\"``, ``\"mpi\"``, ``\"ucc\"``, ``\"xccl\"`` or a "
+        'the ``torch.distributed`` backend (``"gloo"``, ``"nccl"``, ``"mpi"``, ``"ucc"``, ``"xccl"`` or a '
         "registered name; case-insensitive). None keeps Lightning's choice: nccl on CUDA, gloo on CPU, or the "
         "strategy's ``process_group_backend``."
     ),
     "torch_dist_init_method": (
-        "how ranks meet: ``\"env://\"``, ``\"tcp://HOST:PORT\"``, ``\"file:///PATH\"`` or ``\"file:///DIR/\"`` (one "
+        'how ranks meet: ``"env://"``, ``"tcp://HOST:PORT"``, ``"file:///PATH"`` or ``"file:///DIR/"`` (one '
         "file per launch inside DIR, named from the job identity; ``ValueError`` when the launcher gives none). None "
         "keeps Lightning's ``env://`` with the address and port of the cluster environment."
     ),
 }
 
 
-# The same, as keyword-only parameters of the generated signatures.
-FLAG_PARAMETERS = {name: keyword_parameter(name, Optional[str]) for name in FLAG_DOCS}
+# The same, as keyword-only parameters of the generated signatures. typing.Optional, not `str | None`: a runtime
+# annotation, shown by `--help` and LightningCLI next to Lightning's own (typing's).
+FLAG_PARAMETERS = {name: keyword_parameter(name, Optional[str]) for name in FLAG_DOCS}  # noqa: UP045 - see above
 
 
 class DistributedHooksTrainerMixin:
@@ -60,13 +62,15 @@ class DistributedHooksTrainerMixin:
     ``fit``, ``validate``, ``test`` and ``predict`` with the parent's signatures and docstrings.
     """
 
+    _process_group_config: ProcessGroupConfig  # set by _initialize
+
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
         if DistributedHooksTrainerMixin not in cls.__bases__:
             return
         if "__init__" not in cls.__dict__:
-            cls.__init__ = _init_with_full_signature(cls)  # type: ignore[method-assign]
-        parent = super(DistributedHooksTrainerMixin, cls)
+            cls.__init__ = _init_with_full_signature(cls)  # type: ignore[method-assign]  # generated on purpose
+        parent = super()
         for name in _RUN_METHODS:
             if name not in cls.__dict__:
                 implementation = getattr(DistributedHooksTrainerMixin, name)
@@ -75,38 +79,38 @@ class DistributedHooksTrainerMixin:
     def __init__(
         self,
         *args: Any,
-        torch_dist_backend: Optional[str] = None,
-        torch_dist_init_method: Optional[str] = None,
+        torch_dist_backend: str | None = None,
+        torch_dist_init_method: str | None = None,
         **kwargs: Any,
     ) -> None:
         _initialize(self, super().__init__, args, kwargs, torch_dist_backend, torch_dist_init_method)
 
     @property
-    def torch_dist_backend(self) -> Optional[str]:
+    def torch_dist_backend(self) -> str | None:
         """The validated ``torch_dist_backend`` (lower-cased), or None for Lightning's choice."""
         return self._process_group_config.backend
 
     @property
-    def torch_dist_init_method(self) -> Optional[str]:
+    def torch_dist_init_method(self) -> str | None:
         """The validated ``torch_dist_init_method`` where the ranks really meet, or None: ``file:///DIR/`` resolved
         to this launch's file, and a file inside this user's private directory ``DIR/ldh-uid-<UID>/``."""
         return self._process_group_config.location
 
     def fit(self, model: Any, *args: Any, **kwargs: Any) -> Any:
         check_same_package(self, {"model": model, **kwargs})
-        return super().fit(model, *args, **kwargs)  # type: ignore[misc]
+        return super().fit(model, *args, **kwargs)  # type: ignore[misc]  # the Trainer's, after the mixin
 
     def validate(self, model: Any = None, *args: Any, **kwargs: Any) -> Any:
         check_same_package(self, {"model": model, **kwargs})
-        return super().validate(model, *args, **kwargs)  # type: ignore[misc]
+        return super().validate(model, *args, **kwargs)  # type: ignore[misc]  # the Trainer's, after the mixin
 
     def test(self, model: Any = None, *args: Any, **kwargs: Any) -> Any:
         check_same_package(self, {"model": model, **kwargs})
-        return super().test(model, *args, **kwargs)  # type: ignore[misc]
+        return super().test(model, *args, **kwargs)  # type: ignore[misc]  # the Trainer's, after the mixin
 
     def predict(self, model: Any = None, *args: Any, **kwargs: Any) -> Any:
         check_same_package(self, {"model": model, **kwargs})
-        return super().predict(model, *args, **kwargs)  # type: ignore[misc]
+        return super().predict(model, *args, **kwargs)  # type: ignore[misc]  # the Trainer's, after the mixin
 
 
 _RUN_METHODS = ("fit", "validate", "test", "predict")
@@ -127,8 +131,8 @@ def _initialize(
     lightning_init: Callable[..., None],
     args: tuple[Any, ...],
     kwargs: dict[str, Any],
-    torch_dist_backend: Optional[str],
-    torch_dist_init_method: Optional[str],
+    torch_dist_backend: str | None,
+    torch_dist_init_method: str | None,
 ) -> None:
     config = ProcessGroupConfig.validated(torch_dist_backend, torch_dist_init_method)
     flavour = trainer_flavour(type(trainer))
@@ -151,10 +155,10 @@ def _init_with_full_signature(cls: type) -> Callable[..., None]:
     stay keyword arguments), so that no ``PL_<CLASS>_TORCH_DIST_*`` reaches a Lightning ``__init__``.
     """
     flavour = trainer_flavour(cls)
-    parent_init = super(DistributedHooksTrainerMixin, cls).__init__  # type: ignore[misc]
+    parent_init = super(DistributedHooksTrainerMixin, cls).__init__  # type: ignore[misc]  # the parent's, on purpose
     parent_is_lightnings = parent_init is flavour.Trainer.__init__
 
-    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:  # noqa: N807 - becomes cls.__init__
         backend, init_method = kwargs.pop("torch_dist_backend", None), kwargs.pop("torch_dist_init_method", None)
         lightning_init = flavour.without_env_defaults(super(DistributedHooksTrainerMixin, type(self)).__init__)
         _initialize(self, lightning_init.__get__(self), args, kwargs, backend, init_method)
@@ -162,6 +166,7 @@ def _init_with_full_signature(cls: type) -> Callable[..., None]:
     __init__.__qualname__ = f"{cls.__qualname__}.__init__"
     __init__.__module__ = cls.__module__
     if not parent_is_lightnings:
+        # inspect.signature() reads __signature__, an attribute functions do not declare (hence the ignores).
         __init__.__signature__ = inspect.signature(parent_init)  # type: ignore[attr-defined]
         __init__.__doc__ = parent_init.__doc__
         return __init__

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import os
-from typing import Any, Callable, Optional
+from collections.abc import Callable
+from typing import Any
 
 from lightning_dist_hooks._lightning_internals import Flavour
 from lightning_dist_hooks.backends import check_mpi_launch
@@ -46,7 +47,7 @@ def apply_flags(
     strategy: Any,
     config: ProcessGroupConfig,
     flavour: Flavour,
-    setup_distributed_backend: Optional[Callable[..., None]] = None,
+    setup_distributed_backend: Callable[..., None] | None = None,
 ) -> ProcessGroupConfig:
     """Make ``owner``'s (a Trainer's or a Fabric's) strategy create its group with ``config``; the config it uses.
 

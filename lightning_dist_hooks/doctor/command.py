@@ -24,7 +24,7 @@ import threading
 from datetime import timedelta
 from functools import partial
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 from urllib.parse import urlsplit
 
 import torch
@@ -56,21 +56,26 @@ DDPStrategy = PYTORCH_LIGHTNING.pytorch_name(".strategies", "DDPStrategy")
 TorchElasticEnvironment = PYTORCH_LIGHTNING.lightning_environment("TorchElasticEnvironment")
 
 
-def parse_arguments(argv: Optional[list[str]]) -> argparse.Namespace:
+def parse_arguments(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         prog="python -m lightning_dist_hooks doctor",
         description="Start this exactly like your training job (srun, mpirun, torchrun, flux run, or alone with "
-                    "--devices N for Lightning's own launcher) with the same backend and init method: every rank "
-                    "meets the others, checks an all-reduce, and rank 0 says what is wrong and how to fix it.")
+        "--devices N for Lightning's own launcher) with the same backend and init method: every rank "
+        "meets the others, checks an all-reduce, and rank 0 says what is wrong and how to fix it.",
+    )
     parser.add_argument("--backend", help="torch_dist_backend of the job (default: Lightning's choice)")
     parser.add_argument("--init-method", help="torch_dist_init_method of the job (default: env://)")
     parser.add_argument("--timeout", type=float, default=60, help="seconds to wait for the rendezvous (default 60)")
-    parser.add_argument("--devices", type=int, help="devices per node of the job (default: what the launcher started, "
-                                                    "else 1)")
+    parser.add_argument(
+        "--devices", type=int, help="devices per node of the job (default: what the launcher started, else 1)"
+    )
     parser.add_argument("--num-nodes", type=int, help="num_nodes of the job (default: what the launcher says, else 1)")
     parser.add_argument("--accelerator", default="cpu", help="accelerator of the job (default cpu)")
-    parser.add_argument("--json", action="store_true", help="print JSON (rank 0: one document; a failing rank: one "
-                                                            "line of its own) instead of the table")
+    parser.add_argument(
+        "--json",
+        action="store_true",
+        help="print JSON (rank 0: one document; a failing rank: one line of its own) instead of the table",
+    )
     return parser.parse_args(argv)
 
 
@@ -84,15 +89,15 @@ class Checkup:
         self.num_nodes = args.num_nodes or (self.layout.nodes if self.layout else 1)
         self.verdicts: list[Verdict] = []
         self.facts: dict[str, Any] = {"rank": None}
-        self.token: Optional[Path] = None
-        self.exit_code: Optional[int] = None
+        self.token: Path | None = None
+        self.exit_code: int | None = None
         self.sockets_before: set[str] = set()
 
     @property
     def spans_nodes(self) -> bool:
         return self.num_nodes > 1
 
-    def add(self, verdict: Optional[Verdict]) -> None:
+    def add(self, verdict: Verdict | None) -> None:
         if verdict is not None:
             verdict.ranks = verdict.ranks or ([self.facts["rank"]] if self.facts["rank"] is not None else [])
             self.verdicts.append(verdict)
@@ -112,7 +117,7 @@ class Checkup:
             self.add(checks.check_file_locking(directory))
 
     @property
-    def rendezvous_directory(self) -> Optional[Path]:
+    def rendezvous_directory(self) -> Path | None:
         url = self.args.init_method or ""
         if not url.startswith("file://"):
             return None
@@ -121,18 +126,29 @@ class Checkup:
 
     # 2. Around the rendezvous -------------------------------------------------------------------------------------
 
-    def check_before_rendezvous(self, trainer: Any, backend: str, init_method: str, rank: int,
-                                world_size: int) -> None:
+    def check_before_rendezvous(self, trainer: Any, backend: str, init_method: str, rank: int, world_size: int) -> None:
         environment = trainer.strategy.cluster_environment
         host = socket.gethostname()
         file = Path(urlsplit(init_method).path) if init_method.startswith("file://") else None
         self.facts = {
-            "rank": rank, "world_size": world_size, "local_rank": trainer.local_rank, "node_rank": trainer.node_rank,
-            "pid": os.getpid(), "host": host, "host_addresses": host_addresses(host),
-            "interfaces": network_interfaces(), "gloo_socket_ifname": os.environ.get("GLOO_SOCKET_IFNAME"),
-            "environment": type(environment).__name__, "evidence": environment_evidence(type(environment)),
-            "backend": backend, "backends_available": available_backends(), "init_method": init_method,
-            "rendezvous_file": str(file) if file else None, "listening": [], "allreduce": None, "tokens_seen": None,
+            "rank": rank,
+            "world_size": world_size,
+            "local_rank": trainer.local_rank,
+            "node_rank": trainer.node_rank,
+            "pid": os.getpid(),
+            "host": host,
+            "host_addresses": host_addresses(host),
+            "interfaces": network_interfaces(),
+            "gloo_socket_ifname": os.environ.get("GLOO_SOCKET_IFNAME"),
+            "environment": type(environment).__name__,
+            "evidence": environment_evidence(type(environment)),
+            "backend": backend,
+            "backends_available": available_backends(),
+            "init_method": init_method,
+            "rendezvous_file": str(file) if file else None,
+            "listening": [],
+            "allreduce": None,
+            "tokens_seen": None,
         }
         for verdict in self.verdicts:
             verdict.ranks = verdict.ranks or [rank]
@@ -150,7 +166,7 @@ class Checkup:
         self.sockets_before = {each.inode for each in listening_sockets()}
 
     @staticmethod
-    def _main_address_and_port(init_method: str) -> Optional[tuple[str, int]]:
+    def _main_address_and_port(init_method: str) -> tuple[str, int] | None:
         if init_method.startswith("env://"):
             return os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
         if init_method.startswith("tcp://"):
@@ -162,8 +178,10 @@ class Checkup:
         store = self._main_address_and_port(self.facts["init_method"])
         store_port = store[1] if store and self.facts["rank"] == 0 else None
         self.facts["listening"] = [
-            {"socket": str(each), "opened_by": _opened_by(each.inode, each.port, self.sockets_before, store_port,
-                                                          self.facts["backend"])}
+            {
+                "socket": str(each),
+                "opened_by": _opened_by(each.inode, each.port, self.sockets_before, store_port, self.facts["backend"]),
+            }
             for each in listening_sockets()
         ]
         self.facts["allreduce"] = measure_allreduce(device)
@@ -190,16 +208,22 @@ class Checkup:
 
     def report_failure(self, error: BaseException, check: str = "rendezvous") -> None:
         """This rank's own findings, when the Trainer or the rendezvous failed: nothing to gather from the others."""
-        fix = ("the error names the bad value and the fix" if check == "trainer" else
-               "see the other verdicts; the error names the missing ranks where the rendezvous can tell")
+        fix = (
+            "the error names the bad value and the fix"
+            if check == "trainer"
+            else "see the other verdicts; the error names the missing ranks where the rendezvous can tell"
+        )
         self.add(Verdict(check, FAIL, f"{type(error).__name__}: {error}", fix))
         if self.token is not None:
-            tokens = checks.check_tokens(self.token.parent, _tokens_seen(self.token, self.facts["world_size"]),
-                                         self.facts["world_size"])
+            tokens = checks.check_tokens(
+                self.token.parent, _tokens_seen(self.token, self.facts["world_size"]), self.facts["world_size"]
+            )
             self.add(tokens)
         verdicts = checks.merge(self.verdicts)
-        print(report.document([self.facts], verdicts) if self.args.json else report.local(self.facts, verdicts),
-              flush=True)
+        print(
+            report.document([self.facts], verdicts) if self.args.json else report.local(self.facts, verdicts),
+            flush=True,
+        )
         self.exit_code = 1
 
 
@@ -210,8 +234,15 @@ class DoctorModule(LightningModule):
         super().__init__()
         self.checkup = checkup
 
-    def setup_distributed_backend(self, backend: str, init_method: str, rank: int, world_size: int,
-                                  timeout: timedelta, device_id: Optional[torch.device] = None) -> None:
+    def setup_distributed_backend(
+        self,
+        backend: str,
+        init_method: str,
+        rank: int,
+        world_size: int,
+        timeout: timedelta,
+        device_id: torch.device | None = None,
+    ) -> None:
         self.checkup.check_before_rendezvous(self.trainer, backend, init_method, rank, world_size)
         super().setup_distributed_backend(backend, init_method, rank, world_size, timeout, device_id)
         self.checkup.check_after_rendezvous(self.device)
@@ -220,7 +251,7 @@ class DoctorModule(LightningModule):
         return None
 
 
-def main(argv: Optional[list[str]] = None) -> int:
+def main(argv: list[str] | None = None) -> int:
     """Run the doctor on this rank; return its exit code (0: every check passed)."""
     args = parse_arguments(argv)
     for name in ("pytorch_lightning", "lightning.pytorch", "lightning_fabric", "lightning.fabric"):
@@ -235,15 +266,23 @@ def main(argv: Optional[list[str]] = None) -> int:
     try:
         try:
             trainer = Trainer(
-                accelerator=args.accelerator, devices=checkup.devices, num_nodes=checkup.num_nodes,
-                strategy=DDPStrategy(timeout=timedelta(seconds=args.timeout)), torch_dist_backend=args.backend,
-                torch_dist_init_method=args.init_method, logger=False, enable_checkpointing=False,
-                enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,
+                accelerator=args.accelerator,
+                devices=checkup.devices,
+                num_nodes=checkup.num_nodes,
+                strategy=DDPStrategy(timeout=timedelta(seconds=args.timeout)),
+                torch_dist_backend=args.backend,
+                torch_dist_init_method=args.init_method,
+                logger=False,
+                enable_checkpointing=False,
+                enable_progress_bar=False,
+                enable_model_summary=False,
+                num_sanity_val_steps=0,
             )
         except Exception as error:
             checkup.report_failure(error, check="trainer")
         else:
-            trainer.validate(DoctorModule(checkup), dataloaders=DataLoader([torch.zeros(1)]), verbose=False)
+            # A list is a map-style dataset, which DataLoader's type hint (a Dataset) does not say.
+            trainer.validate(DoctorModule(checkup), dataloaders=DataLoader([torch.zeros(1)]), verbose=False)  # type: ignore[arg-type]
     except Exception as error:
         checkup.report_failure(error)
     finally:
@@ -264,8 +303,11 @@ def _report_stuck(checkup: Checkup, message: str) -> None:
 def _give_up(checkup: Checkup, timeout_s: float) -> None:
     # Some waits have no timeout of their own: torch's TCPStore client waits forever on a port whose holder
     # accepts connections but never answers (a port in use by another program).
-    _report_stuck(checkup, f"no result {timeout_s + DEADLINE_GRACE_S:g} s after start (--timeout {timeout_s:g} s "
-                           f"plus {DEADLINE_GRACE_S:g} s): this rank is stuck in a wait without a timeout of its own")
+    _report_stuck(
+        checkup,
+        f"no result {timeout_s + DEADLINE_GRACE_S:g} s after start (--timeout {timeout_s:g} s "
+        f"plus {DEADLINE_GRACE_S:g} s): this rank is stuck in a wait without a timeout of its own",
+    )
     os._exit(1)
 
 
@@ -287,11 +329,14 @@ def _tokens_seen(token: Path, world_size: int) -> list[int]:
 
 def _served_by_torchrun_agent(init_method: str, environment: Any) -> bool:
     # torchrun's agent already listens on MASTER_PORT and hosts the store that env:// ranks join as clients.
-    return (init_method == "env://" and isinstance(environment, TorchElasticEnvironment)
-            and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True")
+    return (
+        init_method == "env://"
+        and isinstance(environment, TorchElasticEnvironment)
+        and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
+    )
 
 
-def _opened_by(inode: str, port: int, before: set[str], store_port: Optional[int], backend: str) -> str:
+def _opened_by(inode: str, port: int, before: set[str], store_port: int | None, backend: str) -> str:
     if inode in before:
         if "mpi4py.MPI" in sys.modules:
             # Lightning's MPIEnvironment.detect() imports mpi4py.MPI (initialising MPI) whenever mpi4py is installed.

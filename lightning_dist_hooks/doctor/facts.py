@@ -9,8 +9,6 @@ import re
 import socket
 import struct
 from dataclasses import dataclass
-from typing import Optional
-
 from typing import TYPE_CHECKING
 
 from lightning_dist_hooks._lightning_internals import PYTORCH_LIGHTNING
@@ -39,8 +37,9 @@ def environment_evidence(environment: type[ClusterEnvironment]) -> dict[str, str
     if issubclass(environment, LauncherEnvironment):
         names: tuple[str, ...] = environment.variables.detect
     else:
-        names = next((variables for kind, variables in _LIGHTNING_DETECT_VARIABLES.items()
-                      if issubclass(environment, kind)), ())
+        names = next(
+            (variables for kind, variables in _LIGHTNING_DETECT_VARIABLES.items() if issubclass(environment, kind)), ()
+        )
     return {name: os.environ[name] for name in names if name in os.environ}
 
 
@@ -53,7 +52,7 @@ class LauncherLayout:
     source: str
 
 
-def launcher_layout() -> Optional[LauncherLayout]:
+def launcher_layout() -> LauncherLayout | None:
     """The layout the launcher that started this process reports, or None (no launcher, or it does not say)."""
     environment = detect_cluster_environment()
     if environment is None:
@@ -63,27 +62,34 @@ def launcher_layout() -> Optional[LauncherLayout]:
     if environment is TorchElasticEnvironment:
         local, world = os.environ.get("LOCAL_WORLD_SIZE"), os.environ.get("WORLD_SIZE")
         if local and world:
-            return LauncherLayout([int(local)], int(world) // int(local),
-                                  f"LOCAL_WORLD_SIZE={local}, WORLD_SIZE={world}")
+            return LauncherLayout(
+                [int(local)], int(world) // int(local), f"LOCAL_WORLD_SIZE={local}, WORLD_SIZE={world}"
+            )
         return None
     if issubclass(environment, LauncherEnvironment):
         table = environment.variables
         world_size = int(os.environ[table.world_size])
         if table.node_count and table.node_count in os.environ:
             nodes = int(os.environ[table.node_count])
-            return LauncherLayout([world_size // nodes], nodes,
-                                  f"{table.node_count}={nodes}, {table.world_size}={world_size}")
+            return LauncherLayout(
+                [world_size // nodes], nodes, f"{table.node_count}={nodes}, {table.world_size}={world_size}"
+            )
         if table.local_size and table.local_size in os.environ:
-            local = int(os.environ[table.local_size])
-            return LauncherLayout([local], world_size // local,
-                                  f"{table.local_size}={local}, {table.world_size}={world_size}")
+            local_size = int(os.environ[table.local_size])
+            return LauncherLayout(
+                [local_size],
+                world_size // local_size,
+                f"{table.local_size}={local_size}, {table.world_size}={world_size}",
+            )
     return None
 
 
-def _slurm_layout() -> Optional[LauncherLayout]:
+def _slurm_layout() -> LauncherLayout | None:
     # srun sets the step's own layout; in a batch script without srun only the allocation's is known.
-    for tasks_name, nodes_name in (("SLURM_STEP_TASKS_PER_NODE", "SLURM_STEP_NUM_NODES"),
-                                   ("SLURM_TASKS_PER_NODE", "SLURM_NNODES")):
+    for tasks_name, nodes_name in (
+        ("SLURM_STEP_TASKS_PER_NODE", "SLURM_STEP_NUM_NODES"),
+        ("SLURM_TASKS_PER_NODE", "SLURM_NNODES"),
+    ):
         tasks, nodes = os.environ.get(tasks_name), os.environ.get(nodes_name)
         if tasks and nodes:
             return LauncherLayout(expand_slurm_counts(tasks), int(nodes), f"{tasks_name}={tasks}, {nodes_name}={nodes}")

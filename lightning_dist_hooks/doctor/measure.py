@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import statistics
 import time
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -27,11 +28,15 @@ def measure_allreduce(device: torch.device) -> dict[str, Any]:
     large = torch.ones(_BANDWIDTH_ELEMENTS, device=device)
     large_s = _median_time(lambda: dist.all_reduce(large), _BANDWIDTH_ROUNDS)
     size = large.numel() * large.element_size()
-    return {"correct": correct, "latency_ms": latency_s * 1e3, "bandwidth_gb_s": size / large_s / 1e9,
-            "bandwidth_bytes": size}
+    return {
+        "correct": correct,
+        "latency_ms": latency_s * 1e3,
+        "bandwidth_gb_s": size / large_s / 1e9,
+        "bandwidth_bytes": size,
+    }
 
 
-def _median_time(operation, rounds: int) -> float:
+def _median_time(operation: Callable[[], object], rounds: int) -> float:
     operation()  # warm-up: the first call sets up connections and buffers
     times = []
     for _ in range(rounds):

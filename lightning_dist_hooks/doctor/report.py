@@ -16,12 +16,28 @@ def table(ranks: list[dict[str, Any]], verdicts: list[Verdict]) -> str:
     rows = [("rank", "node", "local", "host", "host resolves to", "pid", "listening TCP sockets after setup")]
     for rank in ranks:
         sockets = "; ".join(f"{each['socket']} ({each['opened_by']})" for each in rank["listening"]) or "none"
-        rows.append((str(rank["rank"]), str(rank["node_rank"]), str(rank["local_rank"]), rank["host"],
-                     ", ".join(rank["host_addresses"]) or "-", str(rank["pid"]), sockets))
+        rows.append(
+            (
+                str(rank["rank"]),
+                str(rank["node_rank"]),
+                str(rank["local_rank"]),
+                rank["host"],
+                ", ".join(rank["host_addresses"]) or "-",
+                str(rank["pid"]),
+                sockets,
+            )
+        )
     widths = [max(len(row[column]) for row in rows) for column in range(len(rows[0]) - 1)]
-    lines = [f"lightning-dist-hooks doctor: {len(ranks)} ranks, backend {first['backend']}, "
-             f"init method {first['init_method']}", ""]
-    lines += ["  ".join(cell.ljust(width) for cell, width in zip(row, widths)) + "  " + row[-1] for row in rows]
+    lines = [
+        (
+            f"lightning-dist-hooks doctor: {len(ranks)} ranks, backend {first['backend']}, "
+            f"init method {first['init_method']}"
+        ),
+        "",
+    ]
+    lines += [
+        "  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=False)) + "  " + row[-1] for row in rows
+    ]
     lines += [""]
     for name in sorted({rank["environment"] for rank in ranks}):
         example = next(rank for rank in ranks if rank["environment"] == name)
@@ -32,8 +48,10 @@ def table(ranks: list[dict[str, Any]], verdicts: list[Verdict]) -> str:
     interfaces = ", ".join(f"{name} {address}" for name, address in sorted(first["interfaces"].items())) or "lo only"
     lines.append(f"interfaces (rank 0): {interfaces}; GLOO_SOCKET_IFNAME={first['gloo_socket_ifname'] or 'unset'}")
     speed = first["allreduce"]
-    lines.append(f"all-reduce (rank 0): latency {speed['latency_ms']:.3f} ms (4 bytes, median of 20), bandwidth "
-                 f"{speed['bandwidth_gb_s']:.2f} GB/s ({speed['bandwidth_bytes'] >> 20} MiB, median of 5)")
+    lines.append(
+        f"all-reduce (rank 0): latency {speed['latency_ms']:.3f} ms (4 bytes, median of 20), bandwidth "
+        f"{speed['bandwidth_gb_s']:.2f} GB/s ({speed['bandwidth_bytes'] >> 20} MiB, median of 5)"
+    )
     return "\n".join([*lines, "", *verdict_lines(verdicts)])
 
 
@@ -61,8 +79,13 @@ def verdict_lines(verdicts: list[Verdict]) -> list[str]:
 
 
 def document(ranks: list[dict[str, Any]], verdicts: list[Verdict]) -> str:
-    return json.dumps({"ok": not any(verdict.status == FAIL for verdict in verdicts), "ranks": ranks,
-                       "verdicts": [verdict.as_dict() for verdict in verdicts]})
+    return json.dumps(
+        {
+            "ok": not any(verdict.status == FAIL for verdict in verdicts),
+            "ranks": ranks,
+            "verdicts": [verdict.as_dict() for verdict in verdicts],
+        }
+    )
 
 
 def _environment_line(facts: dict[str, Any]) -> str:

@@ -25,8 +25,10 @@ class ListeningSocket:
 def listening_sockets(pid: int | str = "self") -> list[ListeningSocket]:
     """The listening TCP sockets (IPv4 and IPv6) that process ``pid`` holds, by port."""
     inodes = socket_inodes(pid)
-    return sorted((socket for socket in _listening_in_namespace_of(pid) if socket.inode in inodes),
-                  key=lambda socket: (socket.port, socket.address))
+    return sorted(
+        (socket for socket in _listening_in_namespace_of(pid) if socket.inode in inodes),
+        key=lambda socket: (socket.port, socket.address),
+    )
 
 
 def holders_of_port(port: int) -> list[str]:

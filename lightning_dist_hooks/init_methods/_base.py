@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import warnings
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Any
 from urllib.parse import SplitResult, urlsplit
 
 if TYPE_CHECKING:  # either Lightning package's; this module imports neither
     from lightning_dist_hooks._lightning_internals import ClusterEnvironment
-
 
 
 @dataclass(frozen=True)
@@ -53,10 +52,10 @@ class InitMethod:
         """Return the URL to keep, or raise ``ValueError`` naming ``url`` and the fix. Default: keep ``url``."""
         return url
 
-    def check_backend(self, url: str, backend: Optional[str]) -> None:
+    def check_backend(self, url: str, backend: str | None) -> None:
         """Raise ``ValueError`` when ``url`` cannot work with ``backend`` (None: Lightning's choice)."""
 
-    def default_for_backend(self, backend: Optional[str]) -> Optional[str]:
+    def default_for_backend(self, backend: str | None) -> str | None:
         """The URL to use when ``backend`` is chosen without an init method, if this scheme is its natural one."""
         return None
 
@@ -73,7 +72,7 @@ class InitMethod:
         """Get this rank ready to meet the others through ``url``. If it raises, it leaves nothing behind."""
         return Rendezvous(url)
 
-    def waiting_for(self, rendezvous: Rendezvous, world_size: int) -> Optional[list[int]]:
+    def waiting_for(self, rendezvous: Rendezvous, world_size: int) -> list[int] | None:
         """The ranks that have not arrived yet, while this rank waits; None when the rendezvous cannot tell."""
         return None
 
@@ -95,8 +94,11 @@ class AddresslessInitMethod(InitMethod):
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
         if "where_ranks_meet" in cls.__dict__:
-            warnings.warn(f"{cls.__name__}.where_ranks_meet is deprecated; name it address_source",
-                          DeprecationWarning, stacklevel=2)
+            warnings.warn(
+                f"{cls.__name__}.where_ranks_meet is deprecated; name it address_source",
+                DeprecationWarning,
+                stacklevel=2,
+            )
             cls.address_source = cls.__dict__["where_ranks_meet"]
 
     def validate(self, url: str, parts: SplitResult) -> str:
@@ -121,7 +123,7 @@ def register_init_method(handler: InitMethod, replace: bool = False) -> None:
     """
     scheme = handler.scheme.lower()
     if not scheme:
-        raise ValueError(f"{type(handler).__name__} sets no scheme: give the class a `scheme = \"name\"` attribute.")
+        raise ValueError(f'{type(handler).__name__} sets no scheme: give the class a `scheme = "name"` attribute.')
     if scheme in _REGISTRY and not replace:
         raise ValueError(
             f"torch_dist_init_method scheme {scheme!r} already has a handler ({type(_REGISTRY[scheme]).__name__}). "
@@ -156,7 +158,7 @@ def validate_init_method(url: str) -> str:
     return handler.validate(url.strip(), parts)
 
 
-def default_init_method_for(backend: Optional[str]) -> Optional[str]:
+def default_init_method_for(backend: str | None) -> str | None:
     """The URL a registered scheme offers as ``backend``'s natural rendezvous, or None for Lightning's ``env://``."""
     for handler in _REGISTRY.values():
         url = handler.default_for_backend(backend)

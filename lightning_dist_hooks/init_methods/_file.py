@@ -13,9 +13,8 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING
 from urllib.parse import SplitResult, urlsplit
-
 
 from lightning_dist_hooks.init_methods._base import InitMethod, Rendezvous
 from lightning_dist_hooks.init_methods._private_files import (
@@ -48,7 +47,7 @@ class FileRendezvous(Rendezvous):
     claim: Path = Path()
     shared_fd: int = -1
     directory_fd: int = -1
-    janitor: Optional[Janitor] = None
+    janitor: Janitor | None = None
     # Names in the private directory this rank created or took over, oldest first: what ``finish`` removes.
     owned: list[str] = field(default_factory=list)
 
@@ -177,8 +176,11 @@ class FileInitMethod(InitMethod):
         path = _private_path(requested)
         directory = path.parent
         rendezvous = FileRendezvous(
-            f"file://{path}", file=path, claim=directory / _claim_name(requested.name, rank),
-            shared_fd=shared_fd, directory_fd=directory_fd,
+            f"file://{path}",
+            file=path,
+            claim=directory / _claim_name(requested.name, rank),
+            shared_fd=shared_fd,
+            directory_fd=directory_fd,
             # Started before anything is created, so that nothing created can outlive a killed rank.
             janitor=Janitor(directory_fd, shared_fd, directory.name),
         )
@@ -206,14 +208,17 @@ class FileInitMethod(InitMethod):
         rendezvous.own(name, descriptor)
         return descriptor
 
-    def waiting_for(self, rendezvous: Rendezvous, world_size: int) -> Optional[list[int]]:
+    def waiting_for(self, rendezvous: Rendezvous, world_size: int) -> list[int] | None:
         assert isinstance(rendezvous, FileRendezvous)
         try:
             file = os.stat(rendezvous.file.name, dir_fd=rendezvous.directory_fd, follow_symlinks=False)
         except FileNotFoundError:
             return None
-        return [rank for rank in range(world_size)
-                if _claimed_identity(rendezvous, _claim_name(rendezvous.file.name, rank)) != _identity(file)]
+        return [
+            rank
+            for rank in range(world_size)
+            if _claimed_identity(rendezvous, _claim_name(rendezvous.file.name, rank)) != _identity(file)
+        ]
 
     def missing_ranks(self, rendezvous: Rendezvous, world_size: int, error: Exception) -> str:
         missing = self.waiting_for(rendezvous, world_size)
@@ -269,7 +274,7 @@ def _can_create_files_in(directory: Path) -> bool:
     return True
 
 
-def _entry_at(path: Path) -> Optional[os.stat_result]:
+def _entry_at(path: Path) -> os.stat_result | None:
     try:
         return os.lstat(path)
     except OSError:
@@ -295,7 +300,7 @@ def _record_identity(claim_fd: int, file: os.stat_result) -> None:
     os.ftruncate(claim_fd, len(record))
 
 
-def _claimed_identity(rendezvous: FileRendezvous, claim_name: str) -> Optional[tuple[int, int]]:
+def _claimed_identity(rendezvous: FileRendezvous, claim_name: str) -> tuple[int, int] | None:
     """The identity of the file a claim records, or None (no claim, or its rank died before opening a file)."""
     try:
         descriptor = os.open(claim_name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=rendezvous.directory_fd)
@@ -409,7 +414,7 @@ def _made_by_no_rank(path: Path, world_size: int) -> str:
     )
 
 
-def _rank_recording(rendezvous: FileRendezvous, world_size: int, identity: tuple[int, int]) -> Optional[int]:
+def _rank_recording(rendezvous: FileRendezvous, world_size: int, identity: tuple[int, int]) -> int | None:
     """The rank of this launch whose claim records the file with ``identity``, or None."""
     for rank in range(world_size):
         if _claimed_identity(rendezvous, _claim_name(rendezvous.file.name, rank)) == identity:
@@ -425,7 +430,7 @@ def _is_draft_of(rendezvous: FileRendezvous, rank: int, status: os.stat_result) 
     return _identity(draft) == _identity(status)
 
 
-def _filestore_log_problem(descriptor: int) -> Optional[str]:
+def _filestore_log_problem(descriptor: int) -> str | None:
     """Why the file is not a log torch's FileStore can read, or None.
 
     A FileStore file is a sequence of (key, value) records, each string a 4-byte length and its bytes, appended
@@ -439,8 +444,10 @@ def _filestore_log_problem(descriptor: int) -> Optional[str]:
             break
         except BlockingIOError:
             if time.monotonic() > deadline:
-                return (f"has been locked by another process for over {_LOCK_WAIT_S:g} s (a stuck rank of an earlier "
-                        "run?). Stop that process, remove the file, then start again.")
+                return (
+                    f"has been locked by another process for over {_LOCK_WAIT_S:g} s (a stuck rank of an earlier "
+                    "run?). Stop that process, remove the file, then start again."
+                )
             time.sleep(0.01)
     try:
         content = os.pread(descriptor, os.fstat(descriptor).st_size, 0)
@@ -461,8 +468,10 @@ def _filestore_log_problem(descriptor: int) -> Optional[str]:
 
 
 def _not_a_log(size: int, detail: str) -> str:
-    return (f"is not a torch FileStore log ({detail}; the file has {size} bytes): it is corrupted or was never "
-            "one, and torch would hang reading it. Remove it, then start again.")
+    return (
+        f"is not a torch FileStore log ({detail}; the file has {size} bytes): it is corrupted or was never "
+        "one, and torch would hang reading it. Remove it, then start again."
+    )
 
 
 def _remove_if_empty(rendezvous: FileRendezvous) -> None:

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from typing import Optional
-
 from lightning_dist_hooks.backends import MPI_BACKENDS
 from lightning_dist_hooks.init_methods._base import AddresslessInitMethod
 
@@ -14,7 +12,7 @@ class MpiInitMethod(AddresslessInitMethod):
     scheme = "mpi"
     address_source = "rank and world size come from mpirun. Use 'mpi://'."
 
-    def check_backend(self, url: str, backend: Optional[str]) -> None:
+    def check_backend(self, url: str, backend: str | None) -> None:
         if backend not in MPI_BACKENDS:
             raise ValueError(
                 f"torch_dist_init_method={url!r} needs an MPI backend, but torch_dist_backend={backend!r} "
@@ -22,6 +20,6 @@ class MpiInitMethod(AddresslessInitMethod):
                 "init method."
             )
 
-    def default_for_backend(self, backend: Optional[str]) -> Optional[str]:
+    def default_for_backend(self, backend: str | None) -> str | None:
         # MPI already knows every rank: meeting through a TCP store would only add a listener.
         return "mpi://" if backend in MPI_BACKENDS else None

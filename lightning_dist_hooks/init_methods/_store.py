@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Optional
-
 import ipaddress
 import os
 import re
 import socket
+from typing import TYPE_CHECKING
 from urllib.parse import SplitResult
-
 
 from lightning_dist_hooks.init_methods._base import AddresslessInitMethod, InitMethod, Rendezvous
 
@@ -35,8 +33,10 @@ class EnvInitMethod(AddresslessInitMethod, TCPStoreInitMethod):
     """``env://``: torch reads ``MASTER_ADDR``/``MASTER_PORT``, which Lightning takes from the cluster environment."""
 
     scheme = "env"
-    address_source = ("the address comes from MASTER_ADDR and MASTER_PORT (or your cluster environment). "
-                      "Use 'env://', or 'tcp://HOST:PORT' to name one.")
+    address_source = (
+        "the address comes from MASTER_ADDR and MASTER_PORT (or your cluster environment). "
+        "Use 'env://', or 'tcp://HOST:PORT' to name one."
+    )
 
     def prepare(self, url: str, cluster_environment: ClusterEnvironment) -> Rendezvous:
         # Exactly what Lightning's own ``_init_dist_connection`` does before ``init_process_group``.
@@ -45,7 +45,9 @@ class EnvInitMethod(AddresslessInitMethod, TCPStoreInitMethod):
         return Rendezvous("env://")
 
 
-_HOSTNAME = re.compile(r"^(?=.{1,253}$)[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*\.?$")
+_HOSTNAME = re.compile(
+    r"^(?=.{1,253}$)[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*\.?$"
+)
 
 
 class TcpInitMethod(TCPStoreInitMethod):
@@ -88,7 +90,7 @@ class TcpInitMethod(TCPStoreInitMethod):
         return Rendezvous(url)
 
 
-def _resolution_problem(host: str, port: int) -> Optional[str]:
+def _resolution_problem(host: str, port: int) -> str | None:
     """Why ``host`` does not resolve here (the resolver's words), or None when it does.
 
     >>> _resolution_problem("127.0.0.1", 29500) is None

@@ -22,7 +22,6 @@ complete within the process group's ``timeout`` ends the job with ``MPI_Abort`` 
 from __future__ import annotations
 
 import threading
-from typing import Optional
 
 import torch
 import torch.distributed as dist
@@ -72,12 +71,12 @@ def register() -> None:
         _registered = True
 
 
-def torch_fits_the_transport(torch_version: Optional[str] = None) -> bool:
+def torch_fits_the_transport(torch_version: str | None = None) -> bool:
     """Whether this torch (or ``torch_version``) lies in the transport's range, ``MPI_TRANSPORT_TORCH``."""
     return (torch_version or torch.__version__) in SpecifierSet(MPI_TRANSPORT_TORCH)
 
 
-def check_torch_for_the_transport(torch_version: Optional[str] = None) -> None:
+def check_torch_for_the_transport(torch_version: str | None = None) -> None:
     """Raise ``RuntimeError``, naming the fix, when this torch (or ``torch_version``) is older than the transport needs.
 
     >>> check_torch_for_the_transport("2.13.0+cpu")
@@ -120,4 +119,3 @@ def backend_for_mpi() -> str:
         return dist.Backend.MPI
     register()
     return BACKEND_NAME
-

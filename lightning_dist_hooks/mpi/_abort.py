@@ -84,8 +84,7 @@ def _abort_if_failure_recorded(mpi: ModuleType) -> None:
 
 
 _WHY_ABORT = (
-    "Ending the MPI job with MPI_Abort: its peers would otherwise wait in a collective until the process group "
-    "timeout."
+    "Ending the MPI job with MPI_Abort: its peers would otherwise wait in a collective until the process group timeout."
 )
 
 

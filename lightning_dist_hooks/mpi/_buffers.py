@@ -49,7 +49,7 @@ def bytes_of(mpi: ModuleType, contiguous: torch.Tensor, parts: int = 1) -> list:
     return [mpi.buffer.fromaddress(contiguous.data_ptr(), nbytes), nbytes // parts, mpi.BYTE]
 
 
-def values_of(mpi: ModuleType, contiguous: torch.Tensor, mpi_type, parts: int = 1) -> list:
+def values_of(mpi: ModuleType, contiguous: torch.Tensor, mpi_type: object, parts: int = 1) -> list:
     """Buffer spec of ``contiguous`` as ``mpi_type`` elements, split evenly in ``parts`` (see :func:`bytes_of`)."""
     count = contiguous.numel()
     memory = mpi.buffer.fromaddress(contiguous.data_ptr(), count * contiguous.element_size())

@@ -104,6 +104,7 @@ class CompletedWork(dist.Work):
     """
 
     __slots__ = ("_outputs",)
+    _outputs: list[torch.Tensor]  # set by completed_work()
 
     def wait(self, timeout: timedelta = timedelta(0)) -> bool:
         return True
@@ -404,8 +405,8 @@ class ProgressEngine:
             self._stopping = True
             queues, self._queues = self._queues, []
             self._state.notify()
-        for queue in queues:
-            queue.stop()
+        for collective_queue in queues:
+            collective_queue.stop()
         self._thread.join(_STOP_JOIN_TIMEOUT_S)
 
     def abort_failed(self, deadline: Deadline, error: BaseException) -> None:

@@ -14,7 +14,7 @@ INSTALL_HINT = f'pip install "mpi4py{SUPPORTED["mpi4py"]}" (from a clone of ligh
 def mpi4py_importable() -> bool:
     """Return whether mpi4py is installed. Imports only the package: MPI starts with ``mpi4py.MPI``."""
     try:
-        import mpi4py  # noqa: F401
+        import mpi4py  # noqa: F401 - imported only to see whether it imports
     except ImportError:
         return False
     return True

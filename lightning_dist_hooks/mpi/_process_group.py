@@ -8,7 +8,7 @@ from collections.abc import Callable, Sequence
 from datetime import timedelta
 from functools import partial
 from types import ModuleType
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING, NamedTuple, cast
 
 import torch
 import torch.distributed as dist
@@ -142,8 +142,12 @@ def _describe_barrier() -> str:
     return "barrier"
 
 
+def _op_name(op: ReduceOp) -> str:
+    return op.op.name  # type: ignore[attr-defined]  # torch's stub omits ReduceOp.op (its RedOpType)
+
+
 def _describe_allreduce(op: ReduceOp, tensors: Sequence[torch.Tensor]) -> str:
-    return f"allreduce({op.op.name}) of {_describe(tensors)}"
+    return f"allreduce({_op_name(op)}) of {_describe(tensors)}"
 
 
 def _payload_bytes(calls: Sequence[MpiCall]) -> int:
@@ -163,7 +167,7 @@ class MpiProcessGroup(dist.ProcessGroup):
     def __init__(
         self, mpi: ModuleType, comm: MPI.Comm, engine: ProgressEngine, timeout: timedelta, description: str
     ) -> None:
-        super().__init__(comm.Get_rank(), comm.Get_size())
+        super().__init__(comm.Get_rank(), comm.Get_size())  # type: ignore[call-arg]  # the stub lacks (rank, size)
         self._rank = comm.Get_rank()  # rank()/size() are C++ calls, too slow for every collective's path
         self._size = comm.Get_size()
         self._mpi = mpi
@@ -204,7 +208,7 @@ class MpiProcessGroup(dist.ProcessGroup):
         if self._comm != self._mpi.COMM_NULL:
             self._comm.Free()
 
-    def _get_backend(self, device: torch.device) -> MpiProcessGroup:
+    def _get_backend(self, device: torch.device) -> MpiProcessGroup:  # type: ignore[override]  # see the docstring
         """This group is its own (CPU) backend. torch 2.14's ``batch_isend_irecv`` asks every ``ProcessGroup``,
         subclasses too, for its device's backend (to read ``supports_coalescing``); torch's own lookup finds none
         registered for a group written in Python and raises."""
@@ -212,8 +216,10 @@ class MpiProcessGroup(dist.ProcessGroup):
         return self
 
     # --- collectives --------------------------------------------------------------------------------------
+    # Each implements the C++ virtual torch calls, ``(tensors, opts)``; torch's stub types the Python convenience
+    # overloads instead, hence ``type: ignore[override]`` (and ``[assignment]`` for the ``_*_base`` aliases).
 
-    def allreduce(self, tensors: list[torch.Tensor], opts: dist.AllreduceOptions | None = None) -> dist.Work:
+    def allreduce(self, tensors: list[torch.Tensor], opts: dist.AllreduceOptions | None = None) -> dist.Work:  # type: ignore[override]
         opts = opts or dist.AllreduceOptions()
         # dist.all_reduce(t) of metrics, sync_dist, and DDP's buckets: frequent, so every line here costs. A
         # contiguous tensor whose (op, dtype) MPI reduces as is goes straight to MPI: the blocking call on this
@@ -247,7 +253,7 @@ class MpiProcessGroup(dist.ProcessGroup):
     ) -> dist.Work:
         return self.allreduce(tensors, opts or dist.AllreduceCoalescedOptions())
 
-    def broadcast(self, tensors: list[torch.Tensor], opts: dist.BroadcastOptions | None = None) -> dist.Work:
+    def broadcast(self, tensors: list[torch.Tensor], opts: dist.BroadcastOptions | None = None) -> dist.Work:  # type: ignore[override]
         opts = opts or dist.BroadcastOptions()
         root = opts.rootRank
         parts = []
@@ -258,7 +264,7 @@ class MpiProcessGroup(dist.ProcessGroup):
             parts.append(_Part(call, _copy_back_finish(staged, tensor)))
         return self._run(lambda: f"broadcast from rank {root} of {_describe(tensors)}", tensors, parts, opts)
 
-    def allgather(
+    def allgather(  # type: ignore[override]
         self, output_lists: list[list[torch.Tensor]], inputs: list[torch.Tensor], opts: AllgatherOptions | None = None
     ) -> dist.Work:
         parts = []
@@ -277,7 +283,7 @@ class MpiProcessGroup(dist.ProcessGroup):
         part = self._all_gather_single_part(output, input_tensor)
         return self._run(lambda: f"all_gather_into_tensor of {_describe([input_tensor])}", [output], [part], opts)
 
-    _allgather_base = all_gather_single
+    _allgather_base = all_gather_single  # type: ignore[assignment]
 
     def all_gather_single_coalesced(
         self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts: AllgatherOptions | None = None
@@ -285,7 +291,7 @@ class MpiProcessGroup(dist.ProcessGroup):
         parts = [self._all_gather_single_part(out, inp) for out, inp in zip(outputs, inputs, strict=True)]
         return self._run(lambda: f"coalesced all_gather_into_tensor of {_describe(inputs)}", outputs, parts, opts)
 
-    def gather(
+    def gather(  # type: ignore[override]
         self, output_lists: list[list[torch.Tensor]], inputs: list[torch.Tensor], opts: dist.GatherOptions | None = None
     ) -> dist.Work:
         opts = opts or dist.GatherOptions()
@@ -302,7 +308,7 @@ class MpiProcessGroup(dist.ProcessGroup):
         part = _Part(MpiCall("Gather", args, (send, gathered)), partial(_copy_pieces, gathered, outputs))
         return self._run(lambda: f"gather to rank {root} of {_describe(inputs)}", outputs, [part], opts)
 
-    def scatter(
+    def scatter(  # type: ignore[override]
         self,
         outputs: list[torch.Tensor],
         input_lists: list[list[torch.Tensor]],
@@ -312,7 +318,8 @@ class MpiProcessGroup(dist.ProcessGroup):
         root, (output,) = opts.rootRank, outputs
         require_cpu_tensor(output, "scatter")
         received = staged_output(output)
-        send_spec, keep = None, (received,)
+        send_spec: list | None = None
+        keep: tuple[torch.Tensor, ...] = (received,)
         if self._rank == root:
             (inputs,) = input_lists
             _check_same_size(inputs, output, self._size, "scatter")
@@ -322,7 +329,7 @@ class MpiProcessGroup(dist.ProcessGroup):
         part = _Part(call, _copy_back_finish(received, output))
         return self._run(lambda: f"scatter from rank {root} of {_describe(outputs)}", outputs, [part], opts)
 
-    def reduce(self, tensors: list[torch.Tensor], opts: dist.ReduceOptions | None = None) -> dist.Work:
+    def reduce(self, tensors: list[torch.Tensor], opts: dist.ReduceOptions | None = None) -> dist.Work:  # type: ignore[override]
         opts = opts or dist.ReduceOptions()
         root, (tensor,) = opts.rootRank, tensors
         require_cpu_tensor(tensor, "reduce")
@@ -334,10 +341,10 @@ class MpiProcessGroup(dist.ProcessGroup):
             part = _Part(MpiCall("Reduce", args, (staged,)), _reduction_finish(staged, tensor, reduction))
         else:  # only the root's tensor receives the result
             part = _Part(MpiCall("Reduce", (values, None, reduction.mpi_op, root), (staged,)))
-        op_name = opts.reduceOp.op.name
+        op_name = _op_name(opts.reduceOp)
         return self._run(lambda: f"reduce({op_name}) to rank {root} of {_describe(tensors)}", tensors, [part], opts)
 
-    def reduce_scatter(
+    def reduce_scatter(  # type: ignore[override]
         self,
         outputs: list[torch.Tensor],
         input_lists: list[list[torch.Tensor]],
@@ -352,7 +359,7 @@ class MpiProcessGroup(dist.ProcessGroup):
         for piece, tensor in zip(packed, inputs, strict=True):
             piece.copy_(tensor.reshape(output.shape))
         part = self._reduce_scatter_part(output, packed, reduction)
-        op_name = opts.reduceOp.op.name
+        op_name = _op_name(opts.reduceOp)
         return self._run(lambda: f"reduce_scatter({op_name}) of {_describe(outputs)}", outputs, [part], opts)
 
     def reduce_scatter_single(
@@ -360,11 +367,14 @@ class MpiProcessGroup(dist.ProcessGroup):
     ) -> dist.Work:
         opts = opts or dist.ReduceScatterOptions()
         part = self._reduce_scatter_single_part(output, input_tensor, opts.reduceOp)
-        op_name = opts.reduceOp.op.name
-        describe = lambda: f"reduce_scatter_tensor({op_name}) of {_describe([input_tensor])}"  # noqa: E731
+        op_name = _op_name(opts.reduceOp)
+
+        def describe() -> str:
+            return f"reduce_scatter_tensor({op_name}) of {_describe([input_tensor])}"
+
         return self._run(describe, [output], [part], opts)
 
-    _reduce_scatter_base = reduce_scatter_single
+    _reduce_scatter_base = reduce_scatter_single  # type: ignore[assignment]
 
     def reduce_scatter_single_coalesced(
         self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts: dist.ReduceScatterOptions | None = None
@@ -374,11 +384,14 @@ class MpiProcessGroup(dist.ProcessGroup):
             self._reduce_scatter_single_part(output, tensor, opts.reduceOp)
             for output, tensor in zip(outputs, inputs, strict=True)
         ]
-        op_name = opts.reduceOp.op.name
-        describe = lambda: f"coalesced reduce_scatter_tensor({op_name}) of {_describe(inputs)}"  # noqa: E731
+        op_name = _op_name(opts.reduceOp)
+
+        def describe() -> str:
+            return f"coalesced reduce_scatter_tensor({op_name}) of {_describe(inputs)}"
+
         return self._run(describe, outputs, parts, opts)
 
-    def all_to_all_single(
+    def all_to_all_single(  # type: ignore[override]
         self,
         output: torch.Tensor,
         input_tensor: torch.Tensor,
@@ -406,7 +419,7 @@ class MpiProcessGroup(dist.ProcessGroup):
         part = _Part(call, _copy_back_finish(received, output))
         return self._run(lambda: f"all_to_all_single of {_describe([input_tensor])}", [output], [part], opts)
 
-    def alltoall(
+    def alltoall(  # type: ignore[override]
         self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts: dist.AllToAllOptions | None = None
     ) -> dist.Work:
         for tensor in (*outputs, *inputs):
@@ -420,7 +433,7 @@ class MpiProcessGroup(dist.ProcessGroup):
         part = _Part(MpiCall("Alltoallv", args, (send, received)), partial(_copy_pieces, received, outputs))
         return self._run(lambda: f"alltoall of {_describe(inputs)}", outputs, [part], opts)
 
-    def barrier(self, opts: dist.BarrierOptions | None = None) -> dist.Work:
+    def barrier(self, opts: dist.BarrierOptions | None = None) -> dist.Work:  # type: ignore[override]
         if self._runs_here(opts, 0):  # dist.barrier(): Lightning's sync_dist runs one per metric
             self._engine.call_blocking((time.monotonic(), self._watch, _describe_barrier), self._comm.Barrier)
             return completed_work([])
@@ -438,11 +451,15 @@ class MpiProcessGroup(dist.ProcessGroup):
         return self._post(lambda: f"send to rank {dst_rank} (tag {tag}) of {_describe(tensors)}", tensors, parts)
 
     def recv(self, tensors: list[torch.Tensor], src_rank: int, tag: int) -> dist.Work:
-        describe = lambda: f"recv from rank {src_rank} (tag {tag}) of {_describe(tensors)}"  # noqa: E731
+        def describe() -> str:
+            return f"recv from rank {src_rank} (tag {tag}) of {_describe(tensors)}"
+
         return self._post(describe, *self._recv(tensors, src_rank, tag))
 
     def recv_anysource(self, tensors: list[torch.Tensor], tag: int) -> dist.Work:
-        describe = lambda: f"recv from any rank (tag {tag}) of {_describe(tensors)}"  # noqa: E731
+        def describe() -> str:
+            return f"recv from any rank (tag {tag}) of {_describe(tensors)}"
+
         return self._post(describe, *self._recv(tensors, self._mpi.ANY_SOURCE, tag), wants_source=True)
 
     # --- helpers ------------------------------------------------------------------------------------------
@@ -498,8 +515,9 @@ class MpiProcessGroup(dist.ProcessGroup):
         wants_source: bool = False,
     ) -> dist.Work:
         """Post a point-to-point operation as non-blocking requests (blocking ones could deadlock send/send)."""
-        work = RequestWork(self._engine, outputs, deadline_of((time.monotonic(), self._watch, describe)),
-                           _finish_all(parts))
+        work = RequestWork(
+            self._engine, outputs, deadline_of((time.monotonic(), self._watch, describe)), _finish_all(parts)
+        )
         if wants_source:
             work.want_source(self._mpi)
         self._engine.post(work, self._comm, [part.call for part in parts])
@@ -553,7 +571,7 @@ class MpiProcessGroup(dist.ProcessGroup):
         return [rows_count * _row_bytes(tensor) for rows_count in rows]
 
     def _check_tag(self, tag: int) -> None:
-        upper_bound = self._comm.Get_attr(self._mpi.TAG_UB)
+        upper_bound = cast(int, self._comm.Get_attr(self._mpi.TAG_UB))  # MPI always sets TAG_UB
         if not 0 <= tag <= upper_bound:
             raise ValueError(f"MPI message tags must lie in [0, {upper_bound}], got {tag}.")
 
