@@ -6,10 +6,12 @@ set -euo pipefail
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 DIR=${LDH_CLUSTER_DIR:-/tmp/ldh-cluster}
 source "$HERE/cluster/names.sh"
+LOG_PREFIX=cluster-down
+source "$HERE/lib/slurm.sh"
 
 bash "$HERE/cluster/slurm-down.sh" || true
 
-for netns in /run/netns/ldh-n[0-9]; do
+for netns in /run/netns/"$NODE_PREFIX"[0-9]; do
   [ -e "$netns" ] || continue
   node=$(basename "$netns")
   # Whatever still runs on the node (a rank a failed test left, an orted) dies with it.
@@ -18,15 +20,11 @@ for netns in /run/netns/ldh-n[0-9]; do
   ip netns del "$node"
 done
 # The veths die with their namespace, but not at once everywhere (gVisor): remove the machine ends too.
-for link in $(ip -o link show type veth 2>/dev/null | awk -F': ' '{print $2}' | cut -d@ -f1 | grep -E '^ldh-v[0-9]$' || true); do
+for link in $(ip -o link show type veth 2>/dev/null | awk -F': ' '{print $2}' | cut -d@ -f1 | grep -E "^$VETH_PREFIX[0-9]\$" || true); do
   ip link del "$link" 2>/dev/null || true
 done
 ip link show "$BRIDGE" >/dev/null 2>&1 && ip link del "$BRIDGE"
 
-if grep -qF "$MARK" /etc/hosts; then
-  # /etc/hosts is often a bind mount in containers: rewrite in place instead of sed -i's rename.
-  hosts=$(grep -vF "$MARK" /etc/hosts)
-  printf '%s\n' "$hosts" > /etc/hosts
-fi
+remove_tagged_lines /etc/hosts "$MARK"
 rm -f "$DIR/env"
 echo "cluster-down: stopped" >&2

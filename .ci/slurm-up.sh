@@ -12,11 +12,11 @@ HOST=$(hostname -s)           # slurmd/slurmctld identify themselves by the shor
 TIMEOUT=${LDH_SLURM_TIMEOUT:-30}
 MARK="# ldh-slurm"
 START=$SECONDS
+LOG_PREFIX=slurm-up
+source "$HERE/lib/slurm.sh"
 
 [ "$(id -u)" = 0 ] || { echo "slurm-up: must run as root" >&2; exit 1; }
-for cmd in munged slurmctld slurmd sinfo srun; do
-  command -v "$cmd" >/dev/null || { echo "slurm-up: $cmd missing (apt-get install slurm-wlm munge)" >&2; exit 1; }
-done
+require_commands munged slurmctld slurmd sinfo srun
 
 alive() {  # alive NAME: the pid file names a live process with that command name
   local pid
@@ -24,23 +24,10 @@ alive() {  # alive NAME: the pid file names a live process with that command nam
   [ "$(cat "/proc/$pid/comm" 2>/dev/null)" = "$1" ]
 }
 
-dump_logs() {
-  for f in "$DIR"/munge/munged.log "$DIR"/log/*.log; do
-    [ -f "$f" ] && { echo "===== $f"; tail -n 50 "$f"; }
-  done >&2
-}
+logs() { dump_logs "$DIR"/munge/munged.log "$DIR"/log/*.log; }
 
 wait_ready() {  # the node must have registered (idle, or busy with jobs when already up); fail loudly otherwise
-  local deadline=$((SECONDS + TIMEOUT)) state=""
-  while [ $SECONDS -lt $deadline ]; do
-    state=$(timeout 5 sinfo -h -N -n "$HOST" -o %t 2>/dev/null || true)
-    case $state in idle|mix|alloc|comp) return 0 ;; esac
-    sleep 0.5
-  done
-  echo "slurm-up: node $HOST not ready after ${TIMEOUT}s (state: '${state:-none}')" >&2
-  timeout 5 sinfo -N -l >&2 || true
-  dump_logs
-  exit 1
+  wait_nodes_ready 1 "$TIMEOUT" || { logs; exit 1; }
 }
 
 print_env() {
@@ -69,21 +56,9 @@ if ! getent hosts "$HOST" >/dev/null; then
   echo "127.0.0.1 $HOST $MARK" >> /etc/hosts
 fi
 
-# munge: create the shared key if the package did not; munged refuses keys readable by others.
-if [ ! -s /etc/munge/munge.key ]; then
-  mkdir -p /etc/munge
-  dd if=/dev/urandom of=/etc/munge/munge.key bs=1024 count=1 status=none
-fi
-chown munge:munge /etc/munge/munge.key
-chmod 0400 /etc/munge/munge.key
-# Own munged on a private socket (AuthInfo in slurm.conf points there), running as the munge user.
-chown munge:munge "$DIR/munge"
-runuser -u munge -- munged \
-  --socket="$DIR/munge/munge.socket.2" --pid-file="$DIR/munge/munged.pid" \
-  --log-file="$DIR/munge/munged.log" --seed-file="$DIR/munge/munged.seed" || { dump_logs; exit 1; }
+# Own munged on a private socket (AuthInfo in slurm.conf points there).
+start_munged "$DIR/munge" || { logs; exit 1; }
 ln -sf munge/munged.pid "$DIR/munged.pid"
-timeout 5 sh -c "munge -n -S '$DIR/munge/munge.socket.2' | unmunge -S '$DIR/munge/munge.socket.2' >/dev/null" \
-  || { echo "slurm-up: munge self-test failed" >&2; dump_logs; exit 1; }
 
 # slurm.conf at the default path, so plain srun/sbatch work; keep a foreign one to restore on down.
 mkdir -p /etc/slurm
@@ -93,8 +68,8 @@ fi
 sed -e "s|@HOST@|$HOST|g" -e "s|@DIR@|$DIR|g" "$HERE/slurm/slurm.conf.in" > "$CONF"
 
 # Both daemons fork into the background by themselves and write their pid files.
-slurmctld || { dump_logs; exit 1; }
-slurmd || { dump_logs; exit 1; }
+slurmctld || { logs; exit 1; }
+slurmd || { logs; exit 1; }
 wait_ready
 echo "slurm-up: ready in $((SECONDS - START))s (logs in $DIR/log)" >&2
 print_env

@@ -6,24 +6,41 @@ time; on a cluster every rank imports in parallel on its own core, so that cost 
 What is left, and measured here, is what does grow: rendezvous through the store, gloo connecting every pair
 of ranks, and the barrier.
 
+Besides the init methods, two stores are passed to ``init_process_group(store=...)`` directly: torch's raw
+``FileStore`` (what ``file://`` creates inside torch) and ``dir://``'s ``DirectoryStore`` (issue 21; loaded alone,
+without Lightning), whose ranks also report how many filesystem operations they made.
+
 The MPI backend (``lightning_dist_hooks.mpi``, ``mpi://``) is not measured here: its ranks must be started by
 ``mpirun``, which cannot adopt forked processes. ``--with-mpi`` runs its own benchmark (``mpi_allreduce.py``).
+
+``python -m benchmarks.bootstrap`` (see :func:`main`) measures the same up to hundreds of ranks: each store with
+gloo connecting every pair at start-up and with ``TORCH_GLOO_LAZY_INIT=1``, the operations per rank, and memory.
 """
 
 from __future__ import annotations
 
+import argparse
+import importlib.util
+import json
 import multiprocessing
 import os
+import statistics
+import sys
+import tempfile
 import time
+from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
+from types import ModuleType
 
 import torch.distributed as dist
 
-from benchmarks.common import free_ports, in_ms, rotated, summary
+from benchmarks.common import REPO, free_ports, in_ms, rotated, summary
 
-INIT_METHODS = ["env://", "tcp://", "file://"]
+# "FileStore" and "dir://" are stores passed to init_process_group(store=...): torch's raw FileStore, and dir://'s.
+INIT_METHODS = ["env://", "tcp://", "file://", "FileStore", "dir://"]
 TRIAL_TIMEOUT_S = 120
+SCALE_TRIAL_TIMEOUT_S = 600
 
 
 def task_count(world_sizes: list[int], repetitions: int) -> int:
@@ -36,15 +53,34 @@ def run(world_sizes: list[int], repetitions: int, workdir: Path, advance) -> dic
     for repetition in range(repetitions):
         for world_size in world_sizes:
             for method in rotated(INIT_METHODS, repetition + world_size):
-                url, environment = _rendezvous(method, workdir / f"rdzv-{repetition}-{world_size}")
-                seconds[method][world_size].append(time_to_first_barrier(url, environment, world_size))
+                scratch = workdir / f"rdzv-{repetition}-{world_size}-{INIT_METHODS.index(method)}"
+                url, environment = _rendezvous(method, scratch)
+                seconds[method][world_size].append(time_to_first_barrier(method, url, environment, world_size).seconds)
                 advance(1)
     return {"latency_ms": {method: {str(size): in_ms(summary(samples)) for size, samples in by_size.items()}
                            for method, by_size in seconds.items()}}
 
 
+def _directory_store() -> ModuleType:
+    """``lightning_dist_hooks/init_methods/_directory_store.py`` loaded alone: through the package it would import
+    Lightning into this harness, which forks the ranks it times."""
+    name = "_benchmarks_directory_store"
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(
+            name, REPO / "lightning_dist_hooks" / "init_methods" / "_directory_store.py")
+        assert spec is not None and spec.loader is not None
+        module = sys.modules[name] = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+    return sys.modules[name]
+
+
 def _rendezvous(method: str, rendezvous_file: Path) -> tuple[str, dict[str, str]]:
-    """The ``init_method`` URL and the environment variables the ranks need for it."""
+    """The ``init_method`` URL (for a store: the path it uses) and the environment variables the ranks need."""
+    if method == "dir://":
+        rendezvous_file.mkdir(mode=0o700)
+        return str(rendezvous_file), {}
+    if method == "FileStore":
+        return str(rendezvous_file), {}
     if method == "file://":
         return f"file://{rendezvous_file}", {}
     port = free_ports(1)[0]
@@ -53,33 +89,172 @@ def _rendezvous(method: str, rendezvous_file: Path) -> tuple[str, dict[str, str]
     return f"tcp://127.0.0.1:{port}", {}
 
 
-def time_to_first_barrier(init_method: str, environment: dict[str, str], world_size: int) -> float:
-    """Seconds from forking the first rank until the last rank has passed its first barrier."""
+@dataclass
+class Trial:
+    """One bootstrap of ``world_size`` ranks: how long, and what each rank used."""
+
+    seconds: float
+    operations: list[int] = field(default_factory=list)  # per rank, dir:// only: filesystem operations
+    private_mib: list[float] = field(default_factory=list)  # per rank, after its barrier: memory of its own
+    memory_used_mib: float = 0.0  # the most of the machine's memory the trial took (MemAvailable's largest drop)
+
+
+def time_to_first_barrier(method: str, target: str, environment: dict[str, str], world_size: int,
+                          timeout_s: float = TRIAL_TIMEOUT_S) -> Trial:
+    """Seconds from forking the first rank until the last rank has passed its first barrier, and what they used."""
     context = multiprocessing.get_context("fork")
-    finished = context.Array("d", world_size, lock=False)  # each rank writes its own slot: no lock needed
+    # Each rank writes its own slots: no lock needed.
+    finished = context.Array("d", world_size, lock=False)
+    operations = context.Array("q", world_size, lock=False)
+    private_kib = context.Array("q", world_size, lock=False)
+    if method == "dir://":
+        _directory_store()  # loaded once here, inherited by every fork
+    available_before = _memory_available_kib()
+    lowest = available_before
     # CLOCK_MONOTONIC (time.monotonic on Linux) is one clock for all processes of the machine.
     started = time.monotonic()
-    ranks = [context.Process(target=_rank, args=(init_method, environment, rank, world_size, finished))
+    ranks = [context.Process(target=_rank, args=(method, target, environment, rank, world_size, timeout_s, finished,
+                                                 operations, private_kib))
              for rank in range(world_size)]
     for process in ranks:
         process.start()
-    deadline = started + TRIAL_TIMEOUT_S
+    deadline = started + timeout_s
     for process in ranks:
-        process.join(timeout=max(0.0, deadline - time.monotonic()))
+        while process.is_alive() and time.monotonic() < deadline:
+            process.join(timeout=0.05)
+            lowest = min(lowest, _memory_available_kib())
     for process in ranks:
         if process.is_alive():
             process.kill()
             process.join(timeout=10)
     if any(process.exitcode != 0 for process in ranks):
-        raise RuntimeError(f"{init_method} with {world_size} ranks failed or exceeded {TRIAL_TIMEOUT_S} s "
-                           f"(exit codes {[process.exitcode for process in ranks]})")
-    return max(finished) - started
+        raise RuntimeError(f"{method} with {world_size} ranks failed or exceeded {timeout_s:.0f} s "
+                           f"(exit codes {sorted({process.exitcode for process in ranks}, key=str)})")
+    return Trial(max(finished) - started, list(operations) if method == "dir://" else [],
+                 [kib / 1024 for kib in private_kib], (available_before - lowest) / 1024)
 
 
-def _rank(init_method: str, environment: dict[str, str], rank: int, world_size: int, finished) -> None:
+def _memory_available_kib() -> int:
+    with open("/proc/meminfo") as meminfo:
+        return int(next(line for line in meminfo if line.startswith("MemAvailable")).split()[1])
+
+
+def _private_kib() -> int:
+    """This process's own memory: pages no other process shares (a forked rank shares the rest with its parent)."""
+    with open("/proc/self/smaps_rollup") as rollup:
+        return sum(int(line.split()[1]) for line in rollup if line.startswith(("Private_Clean", "Private_Dirty")))
+
+
+def _rank(method: str, target: str, environment: dict[str, str], rank: int, world_size: int, timeout_s: float,
+          finished, operations, private_kib) -> None:
     os.environ.update(environment, GLOO_SOCKET_IFNAME="lo")
-    dist.init_process_group("gloo", init_method=init_method, rank=rank, world_size=world_size,
-                            timeout=timedelta(seconds=TRIAL_TIMEOUT_S))
+    timeout = timedelta(seconds=timeout_s)
+    store = None
+    if method == "dir://":
+        store = _directory_store().DirectoryStore(os.open(target, os.O_RDONLY | os.O_DIRECTORY), Path(target), timeout)
+    elif method == "FileStore":
+        store = dist.FileStore(target, world_size)
+    if store is None:
+        dist.init_process_group("gloo", init_method=target, rank=rank, world_size=world_size, timeout=timeout)
+    else:
+        dist.init_process_group("gloo", store=store, rank=rank, world_size=world_size, timeout=timeout)
     dist.barrier()
     finished[rank] = time.monotonic()
+    private_kib[rank] = _private_kib()
+    if method == "dir://":
+        operations[rank] = store.operations.total()
+    # Every rank stays until all have passed the barrier: with gloo's lazy connection set-up a rank still connects
+    # through the store after a faster one has left, and env://'s store lives in rank 0.
+    deadline = time.monotonic() + timeout_s
+    while not all(finished) and time.monotonic() < deadline:
+        time.sleep(0.01)
     dist.destroy_process_group()
+
+
+# --- python -m benchmarks.bootstrap: up to hundreds of ranks ---------------------------------------------------------
+
+SCALE_METHODS = ["env://", "FileStore", "dir://"]
+SCALE_RESULTS = REPO / "benchmarks" / "results" / "rendezvous_scale.json"
+# A trial runs only if the memory the last one took, scaled to the new world size, leaves this much of what the
+# machine has available: other work shares it, and the kernel's OOM killer would pick among all of it.
+MEMORY_MARGIN = 0.5
+
+
+def scale(world_sizes: list[int], repetitions: int, workdir: Path, lazy: bool) -> dict:
+    """Every store at every world size, ``repetitions`` times (the stores alternate), eager and lazy gloo."""
+    results: dict = {"methods": {}, "skipped": {}}
+    modes = ["eager", "lazy"] if lazy else ["eager"]
+    used_per_rank: dict[str, float] = {}
+    for world_size in world_sizes:
+        for repetition in range(repetitions):
+            for mode in modes:
+                for method in rotated(SCALE_METHODS, repetition + world_size):
+                    label = method if mode == "eager" else f"{method} lazy"
+                    entry = results["methods"].setdefault(label, {})
+                    projected = used_per_rank.get(label, 0.0) * world_size
+                    if projected > MEMORY_MARGIN * _memory_available_kib() / 1024:
+                        results["skipped"][f"{label} {world_size}"] = (
+                            f"would take about {projected:.0f} MiB (the last size's use per rank, scaled), more than "
+                            f"{MEMORY_MARGIN:.0%} of the {_memory_available_kib() / 1024:.0f} MiB available")
+                        continue
+                    environment = {"TORCH_GLOO_LAZY_INIT": "1"} if mode == "lazy" else {}
+                    target, variables = _rendezvous(method, workdir / f"scale-{world_size}-{repetition}-{mode}-"
+                                                               f"{SCALE_METHODS.index(method)}")
+                    try:
+                        trial = time_to_first_barrier(method, target, {**variables, **environment}, world_size,
+                                                      SCALE_TRIAL_TIMEOUT_S)
+                    except RuntimeError as error:
+                        results["skipped"][f"{label} {world_size}"] = str(error)
+                        print(f"{label:14} {world_size:4} ranks: {error}", flush=True)
+                        continue
+                    used_per_rank[label] = max(used_per_rank.get(label, 0.0), trial.memory_used_mib / world_size)
+                    samples = entry.setdefault(str(world_size), {"seconds": [], "operations": [], "private_mib": [],
+                                                                 "memory_used_mib": []})
+                    samples["seconds"].append(trial.seconds)
+                    samples["memory_used_mib"].append(trial.memory_used_mib)
+                    samples["private_mib"].append(statistics.median(trial.private_mib))
+                    if trial.operations:
+                        samples["operations"].append(
+                            {"median": statistics.median(trial.operations), "max": max(trial.operations)})
+                    print(f"{label:14} {world_size:4} ranks: {trial.seconds:7.2f} s, machine memory "
+                          f"{trial.memory_used_mib:7.0f} MiB, median private {statistics.median(trial.private_mib):5.1f}"
+                          f" MiB/rank" + (f", ops/rank median {statistics.median(trial.operations):.0f} max "
+                                          f"{max(trial.operations)}" if trial.operations else ""), flush=True)
+    return results
+
+
+def main(argv: list[str] | None = None) -> None:
+    """``python -m benchmarks.bootstrap [--world-sizes 2,...,512] [--repetitions 2] [--no-lazy] [--out FILE]``."""
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.bootstrap", description=main.__doc__)
+    parser.add_argument("--world-sizes", default="2,8,32,128,256,512")
+    parser.add_argument("--repetitions", type=int, default=2)
+    parser.add_argument("--no-lazy", action="store_true", help="only gloo's default, eager connection set-up")
+    parser.add_argument("--out", type=Path, default=SCALE_RESULTS)
+    args = parser.parse_args(argv)
+    from benchmarks.__main__ import machine  # the machine's description, as the full run records it
+
+    described = machine()
+    started = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="ldh-bench-scale-") as scratch:
+        results = scale([int(size) for size in args.world_sizes.split(",")], args.repetitions, Path(scratch),
+                        lazy=not args.no_lazy)
+    described["load_after"] = os.getloadavg()
+    results.update(machine=described, seconds=time.monotonic() - started, date=time.strftime("%Y-%m-%d %H:%M %Z"),
+                   command=" ".join(["python -m benchmarks.bootstrap", *(argv if argv is not None else sys.argv[1:])]),
+                   lazy_init_available="TORCH_GLOO_LAZY_INIT" in _gloo_header())
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(results, indent=2))
+    from benchmarks import scale_report
+
+    scale_report.plot(results, args.out.with_suffix(".png"))
+
+
+def _gloo_header() -> str:
+    """ProcessGroupGloo.hpp of this torch: whether it knows ``TORCH_GLOO_LAZY_INIT``, read rather than assumed."""
+    header = Path(dist.__file__).parent.parent / "include" / "torch" / "csrc" / "distributed" / "c10d"
+    path = header / "ProcessGroupGloo.hpp"
+    return path.read_text() if path.exists() else ""
+
+
+if __name__ == "__main__":
+    main()

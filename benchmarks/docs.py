@@ -39,16 +39,28 @@ def _results_report(source: Path, page: Path) -> str:
     return report.markdown(json.loads(source.read_text()), image_dir=relative)
 
 
+def _scale_report(source: Path, page: Path) -> str:
+    from benchmarks import scale_report  # matplotlib: only for this block
+
+    image_dir = Path("..") if page.parent != REPO else Path(".")
+    relative = (image_dir / source.parent.relative_to(REPO)).as_posix() + "/"
+    return scale_report.markdown(json.loads(source.read_text()), image_dir=relative)
+
+
 def _verbatim(source: Path, page: Path) -> str:
     return f"```\n{source.read_text().rstrip()}\n```\n"
 
 
 RENDERERS: dict[str, Callable[[Path, Path], str]] = {".json": _results_report, ".txt": _verbatim}
+# Results files with a layout of their own, by name (before the suffix decides).
+NAMED_RENDERERS: dict[str, Callable[[Path, Path], str]] = {"rendezvous_scale.json": _scale_report}
 
 
 def render(source: str, page: Path) -> str:
     """What the block naming ``source`` (a path from the repository root) holds on ``page``."""
     path = REPO / source
+    if path.name in NAMED_RENDERERS:
+        return NAMED_RENDERERS[path.name](path, page)
     if path.suffix not in RENDERERS:
         raise ValueError(f"{page}: no renderer for {source} (known: {', '.join(RENDERERS)})")
     return RENDERERS[path.suffix](path, page)

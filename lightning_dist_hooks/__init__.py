@@ -13,7 +13,6 @@ Importing this package imports no Lightning package: ``Trainer``, ``LightningMod
 ``pytorch_lightning``'s and import it on first use; ``lightning_dist_hooks.lightning`` has ``lightning``'s.
 """
 
-import warnings
 from typing import Any
 
 from lightning_dist_hooks._lightning_internals import MixedLightningPackagesError
@@ -42,29 +41,16 @@ from lightning_dist_hooks.trainer import DistributedHooksTrainerMixin
 
 __version__ = "0.1.0"
 
-# pytorch_lightning's classes, made (and pytorch_lightning imported) on first access.
-_PYTORCH_LIGHTNING_CLASSES = ("Fabric", "LightningModule", "Trainer")
+# The classes each Lightning package has its own of: here pytorch_lightning's, made (and pytorch_lightning
+# imported) on first access; lightning_dist_hooks.lightning has lightning's.
+PER_PACKAGE_CLASSES = ("Fabric", "LightningModule", "Trainer")
 
 
 def __getattr__(name: str) -> Any:
-    if name in _PYTORCH_LIGHTNING_CLASSES:
+    if name in PER_PACKAGE_CLASSES:
         from lightning_dist_hooks import _pytorch_lightning
 
         return getattr(_pytorch_lightning, name)
-    if name == "SchedulerEnvironment":  # deprecated: it also covers MPI launchers, which are not schedulers
-        warnings.warn(
-            "lightning_dist_hooks.SchedulerEnvironment is deprecated; use LauncherEnvironment.",
-            DeprecationWarning,
-            stacklevel=2,
-        )
-        return LauncherEnvironment
-    if name == "job_identity":  # deprecated: it was also the name of its module
-        warnings.warn(
-            "lightning_dist_hooks.job_identity is deprecated; use lightning_dist_hooks.launch_identity",
-            DeprecationWarning,
-            stacklevel=2,
-        )
-        return launch_identity
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 

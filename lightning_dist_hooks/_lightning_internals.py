@@ -9,9 +9,11 @@ when first asked. Importing ``lightning_dist_hooks`` therefore imports neither p
 
 Lightning offers no public extension point for three things this package changes: which sampler a dataloader gets
 (``_DataConnector._prepare_dataloader``), the process-group settings a strategy keeps (``_process_group_backend``,
-``_timeout``) and the env-var defaults wrapper of ``Trainer.__init__``. A Lightning upgrade breaks this one file;
-``supported_versions.SUPPORTED`` says which releases it was checked against, and :meth:`Flavour.check_version`
-says what to do when the installed one is outside that range.
+``_timeout``) and the env-var defaults wrapper of ``Trainer.__init__``. :data:`PRIVATE_NAMES` lists every private
+name used here (``tests/test_packages.py`` checks that each exists in both packages and that no other module names
+one); what this package keeps on a Lightning object goes under one attribute (:func:`keep_ours`). A Lightning
+upgrade breaks this one file; ``supported_versions.SUPPORTED`` says which releases it was checked against, and
+:meth:`Flavour.check_version` says what to do when the installed one is outside that range.
 """
 
 from __future__ import annotations
@@ -39,6 +41,48 @@ if TYPE_CHECKING:
     from pytorch_lightning.trainer.states import RunningStage
 
     __all__ = ["ClusterEnvironment", "RunningStage", "Trainer"]
+
+
+# Every private Lightning name used below, by where it lives (the ``pytorch_lightning``/``lightning_fabric`` spelling;
+# ``lightning.pytorch``/``lightning.fabric`` have the same), with why no public name serves.
+PRIVATE_NAMES: dict[str, str] = {
+    "pytorch_lightning.trainer.connectors.data_connector._DataConnector._prepare_dataloader": (
+        "the one place every loader passes through once the process group exists: configure_sampler's seat"
+    ),
+    "pytorch_lightning.trainer.connectors.data_connector._DataConnector._requires_distributed_sampler": (
+        "Lightning's own sampler choice, for the default configure_sampler"
+    ),
+    "pytorch_lightning.trainer.connectors.data_connector._DataConnector._resolve_sampler": (
+        "Lightning's own sampler choice, for the default configure_sampler"
+    ),
+    "pytorch_lightning.Trainer._data_connector": "the connector whose class gains configure_sampler (an attribute)",
+    "pytorch_lightning.utilities.data._is_dataloader_shuffled": "Lightning's shuffle decision, for the default",
+    "pytorch_lightning.utilities.data._update_dataloader": "Lightning's re-instantiation of a loader with a sampler",
+    "pytorch_lightning.utilities.argparse._defaults_from_env_vars": "PL_TRAINER_* defaults for our generated __init__",
+    "pytorch_lightning.strategies.DDPStrategy._process_group_backend": "torch_dist_backend as the strategy's own",
+    "pytorch_lightning.strategies.DDPStrategy._get_process_group_backend": "the backend the strategy would choose",
+    "pytorch_lightning.strategies.DDPStrategy._timeout": "the process-group timeout the strategy was given",
+    "lightning_fabric.strategies.DDPStrategy._set_world_ranks": "Fabric's strategies read their ranks privately",
+    "pytorch_lightning.trainer.connectors.accelerator_connector._AcceleratorConnector"
+    "._choose_and_init_cluster_environment": "its detection order, mirrored by LIGHTNING_DETECTION_ORDER",
+}
+
+# Lightning's own detection (``_AcceleratorConnector._choose_and_init_cluster_environment``) tries TorchElastic,
+# SLURM, LSF, then MPIEnvironment, whose detect() initialises MPI; nothing here ever calls that one.
+LIGHTNING_DETECTION_ORDER: tuple[str, ...] = ("TorchElasticEnvironment", "SLURMEnvironment", "LSFEnvironment")
+
+# What this package keeps on a Lightning object (a strategy's checked flags), under one attribute of its own.
+_OURS = "_lightning_dist_hooks"
+
+
+def keep_ours(obj: object, value: object) -> None:
+    """Keep ``value`` on the Lightning object ``obj``; it travels with ``obj`` when ``ddp_spawn`` pickles it."""
+    setattr(obj, _OURS, value)
+
+
+def ours(obj: object) -> object:
+    """What :func:`keep_ours` kept on ``obj``, or None."""
+    return getattr(obj, _OURS, None)
 
 
 class MixedLightningPackagesError(TypeError):
@@ -257,6 +301,22 @@ def rebuild_dataloader(dataloader: DataLoader, sampler: Sampler, stage: Any) -> 
     flavour = flavour_of(stage)
     assert flavour is not None
     return flavour.pytorch_name(".utilities.data", "_update_dataloader")(dataloader, sampler, mode=stage)
+
+
+def data_connector_class(
+    flavour: Flavour, name: str, module: str, prepare_dataloader: Callable[..., object]
+) -> type[_DataConnector]:
+    """``flavour``'s data connector with ``prepare_dataloader`` in place of its own, named ``module.name``."""
+    connector = type(name, (flavour.DataConnector,), {"_prepare_dataloader": prepare_dataloader})
+    connector.__module__ = module
+    return connector
+
+
+def lightning_prepare_dataloader(connector: Any, dataloader: object, shuffle: bool, mode: Any) -> object:
+    """What Lightning's own data connector does with ``dataloader``, for a connector of :func:`data_connector_class`."""
+    flavour = flavour_of(connector)
+    assert flavour is not None  # a data connector of a flavour
+    return flavour.DataConnector._prepare_dataloader(connector, dataloader, shuffle, mode)
 
 
 def replace_data_connector_class(trainer: Any, connector_class: type) -> None:

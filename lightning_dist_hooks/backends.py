@@ -138,14 +138,17 @@ def check_backend_fits_devices(backend: str, uses_cuda: bool) -> None:
         )
 
 
-def check_mpi_launch(backend: str | None, init_method: str | None, num_devices: int, num_nodes: int) -> None:
-    """An MPI backend or ``mpi://`` needs ranks started by an MPI launcher, as many as the Trainer expects.
+def check_mpi_launch(
+    backend: str | None, init_method: str | None, needs_mpi_launch: bool, num_devices: int, num_nodes: int
+) -> None:
+    """An MPI backend, or an init method whose scheme ``needs_mpi_launch`` (``mpi://``), needs ranks started by an
+    MPI launcher, as many as the Trainer expects.
 
     Checked from the launcher's environment variables (:func:`lightning_dist_hooks.mpi.detect_mpi_launch`), so
-    MPI is not initialised. Does nothing when neither the backend nor the init method is MPI's.
+    MPI is not initialised. Does nothing when neither the backend nor the init method needs MPI.
     """
     uses_backend = backend in MPI_BACKENDS
-    if not uses_backend and not (init_method or "").startswith(mpi.INIT_METHOD):
+    if not uses_backend and not needs_mpi_launch:
         return
     flag = f"torch_dist_backend={backend!r}" if uses_backend else f"torch_dist_init_method={init_method!r}"
     expected = num_devices * num_nodes

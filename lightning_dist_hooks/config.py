@@ -7,6 +7,8 @@ from typing import TYPE_CHECKING
 
 from lightning_dist_hooks.backends import normalize_backend
 from lightning_dist_hooks.init_methods import (
+    LIGHTNING_DEFAULT,
+    InitMethod,
     default_init_method_for,
     init_method_handler,
     resolve_init_method,
@@ -42,9 +44,15 @@ class ProcessGroupConfig:
         return replace(self, init_method=resolve_init_method(self.init_method, cluster_environment, num_nodes))
 
     @property
+    def handler(self) -> InitMethod:
+        """The handler of ``init_method``'s scheme (``env://``'s for Lightning's default): every question about the
+        rendezvous is asked of it."""
+        return init_method_handler(self.init_method or LIGHTNING_DEFAULT)
+
+    @property
     def location(self) -> str | None:
         """Where the ranks really meet (``init_method`` after its scheme's moves), or None for Lightning's default."""
-        return None if self.init_method is None else init_method_handler(self.init_method).location(self.init_method)
+        return None if self.init_method is None else self.handler.location(self.init_method)
 
     @property
     def is_default(self) -> bool:

@@ -21,14 +21,19 @@ from __future__ import annotations
 import logging
 import os
 import sys
-import warnings
 import zlib
 from abc import ABC
 from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar, TypeAlias
 
 from lightning_dist_hooks import launcher_variables
-from lightning_dist_hooks._lightning_internals import FLAVOURS, PYTORCH_LIGHTNING, Flavour, flavour_of
+from lightning_dist_hooks._lightning_internals import (
+    FLAVOURS,
+    LIGHTNING_DETECTION_ORDER,
+    PYTORCH_LIGHTNING,
+    Flavour,
+    flavour_of,
+)
 from lightning_dist_hooks.launcher_variables import LauncherVariables
 
 if TYPE_CHECKING:
@@ -263,10 +268,6 @@ LAUNCHER_ENVIRONMENTS: tuple[type[LauncherEnvironment], ...] = (
     HydraEnvironment,
 )
 
-# Lightning's own detection (``_AcceleratorConnector._choose_and_init_cluster_environment``) tries TorchElastic,
-# SLURM, LSF, then MPIEnvironment, whose detect() initialises MPI; nothing here ever calls that one.
-LIGHTNING_DETECTION_ORDER: tuple[str, ...] = ("TorchElasticEnvironment", "SLURMEnvironment", "LSFEnvironment")
-
 # The built-in detection priority. The innermost launcher wins: the one that started this very process, which sets
 # per-process rank variables no outer launcher sets. Lightning's TorchElastic comes first as in Lightning; ours go
 # before SLURM; and LSF moves from after SLURM (Lightning's place) to before ours:
@@ -380,16 +381,3 @@ def _register_with_imported_packages() -> None:
     for flavour in FLAVOURS:
         if f"{flavour.fabric}.plugins.environments" in sys.modules:
             register_with(flavour)
-
-
-def __getattr__(name: str) -> object:
-    # Deprecated names: MPI launchers are not schedulers.
-    renamed = {"SchedulerEnvironment": "LauncherEnvironment", "SCHEDULER_ENVIRONMENTS": "LAUNCHER_ENVIRONMENTS"}
-    if name in renamed:
-        warnings.warn(
-            f"lightning_dist_hooks.environments.{name} is deprecated; use {renamed[name]}.",
-            DeprecationWarning,
-            stacklevel=2,
-        )
-        return globals()[renamed[name]]
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -14,7 +14,8 @@ on a bare end of file the janitor removes the files it was given, and then the p
 
 It works through the directory descriptors it inherited, never by path, and removes an entry only if it still is
 the very file it was given (same device and inode). Holding that file open keeps its inode from being reused, so
-a file that replaced ours under the same name (a later run's) is never taken for ours, and stays.
+a file that replaced ours under the same name (a later run's) is never taken for ours, and stays. An entry may
+be a directory (``dir://``'s store, whose files every rank of the launch creates): it goes with all it holds.
 
 The janitor leaves the rank's session and ignores SIGTERM/SIGINT/SIGHUP, so that a launcher signalling the
 rank's process group or session (torchrun, mpirun) does not take it down before its rank is gone; it imports
@@ -23,14 +24,17 @@ only the standard library and lives exactly as long as its rank, plus the few mi
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import signal
 import socket
+import stat
 import subprocess
 import sys
 
 _CLEANED_UP = b"cleaned-up"
+_OPEN_DIRECTORY = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
 class Janitor:
@@ -88,6 +92,33 @@ class Janitor:
             rank.detach()
 
 
+def remove_entry(directory_fd: int, name: str) -> None:
+    """Remove ``name`` from the directory open as ``directory_fd``: a file, or a directory of files with its files.
+
+    Raises ``FileNotFoundError`` if it is gone already. Files that appear meanwhile (a peer rank still writing) are
+    removed too, up to a few rounds; a directory inside it is left, and so is it then (``OSError``).
+    """
+    if not stat.S_ISDIR(os.stat(name, dir_fd=directory_fd, follow_symlinks=False).st_mode):
+        os.unlink(name, dir_fd=directory_fd)
+        return
+    inner = os.open(name, _OPEN_DIRECTORY, dir_fd=directory_fd)
+    try:
+        for attempt in range(3):
+            for entry in os.listdir(inner):
+                try:
+                    os.unlink(entry, dir_fd=inner)
+                except FileNotFoundError:
+                    pass  # a peer removing the same directory took it first
+            try:
+                os.rmdir(name, dir_fd=directory_fd)
+                return
+            except OSError as error:
+                if error.errno != errno.ENOTEMPTY or attempt == 2:
+                    raise
+    finally:
+        os.close(inner)
+
+
 def _same_entry(directory_fd: int, name: str, status: os.stat_result) -> bool:
     try:
         current = os.stat(name, dir_fd=directory_fd, follow_symlinks=False)
@@ -112,7 +143,10 @@ def _watch(socket_fd: int, directory_fd: int, shared_fd: int, directory_name: st
     # since a claim outliving its file is harmless and a file outliving its claim is not recognised as a leftover.
     for name, descriptor in reversed(files):
         if _same_entry(directory_fd, name, os.fstat(descriptor)):
-            os.unlink(name, dir_fd=directory_fd)
+            try:
+                remove_entry(directory_fd, name)
+            except OSError:
+                pass  # gone, or a peer's janitor is removing the same directory
     if _same_entry(shared_fd, directory_name, os.fstat(directory_fd)):
         try:
             os.rmdir(directory_name, dir_fd=shared_fd)

@@ -9,26 +9,7 @@ or ``lightning_fabric``. Everything else (environments, hooks, errors) is the sa
 ``lightning_dist_hooks`` and is re-exported here for one-import convenience.
 """
 
-from lightning_dist_hooks import (
-    DistributedHooksFabricMixin,
-    DistributedHooksMixin,
-    DistributedHooksTrainerMixin,
-    DistributedSetupError,
-    FluxEnvironment,
-    HydraEnvironment,
-    LauncherEnvironment,
-    LauncherVariables,
-    MixedLightningPackagesError,
-    MVAPICH2Environment,
-    OpenMPIEnvironment,
-    PALSEnvironment,
-    SamplerHookError,
-    default_setup_distributed_backend,
-    detect_cluster_environment,
-    lightning_default_sampler,
-    register_cluster_environment,
-    register_init_method,
-)
+import lightning_dist_hooks as _package
 from lightning_dist_hooks._flavoured import classes_for
 from lightning_dist_hooks._lightning_internals import LIGHTNING
 
@@ -38,26 +19,9 @@ LightningModule = _classes.LightningModule
 Fabric = _classes.Fabric
 SamplerHookDataConnector = _classes.SamplerHookDataConnector
 
-__all__ = [
-    "DistributedHooksFabricMixin",
-    "DistributedHooksMixin",
-    "DistributedHooksTrainerMixin",
-    "DistributedSetupError",
-    "Fabric",
-    "FluxEnvironment",
-    "HydraEnvironment",
-    "LauncherEnvironment",
-    "LauncherVariables",
-    "LightningModule",
-    "MVAPICH2Environment",
-    "MixedLightningPackagesError",
-    "OpenMPIEnvironment",
-    "PALSEnvironment",
-    "SamplerHookError",
-    "Trainer",
-    "default_setup_distributed_backend",
-    "detect_cluster_environment",
-    "lightning_default_sampler",
-    "register_cluster_environment",
-    "register_init_method",
-]
+# The rest is taken from the package's own exports, so this module never lags behind them.
+_SHARED = [name for name in _package.__all__ if name not in _package.PER_PACKAGE_CLASSES]
+globals().update({name: getattr(_package, name) for name in _SHARED})
+
+__all__ = ["Fabric", "LightningModule", "Trainer"]  # this module's own, as in PER_PACKAGE_CLASSES
+__all__ += _SHARED  # noqa: PLE0605 (built from the package's __all__ above)

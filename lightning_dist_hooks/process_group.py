@@ -14,8 +14,9 @@ import torch.distributed
 from torch.distributed.constants import default_pg_timeout
 
 from lightning_dist_hooks import _lightning_internals
+from lightning_dist_hooks.config import ProcessGroupConfig
 from lightning_dist_hooks.hooks import takes_device_id
-from lightning_dist_hooks.init_methods import InitMethod, Rendezvous, init_method_handler
+from lightning_dist_hooks.init_methods import LIGHTNING_DEFAULT, InitMethod, Rendezvous
 from lightning_dist_hooks.progress import missing_ranks_query, rendezvous_progress
 from lightning_dist_hooks.rendezvous_deadline import rendezvous_deadline
 
@@ -27,7 +28,7 @@ class DistributedSetupError(RuntimeError):
     """``setup_distributed_backend`` failed, or returned without the process group the Trainer needs."""
 
 
-def create_process_group(strategy: Any, init_method: str | None, hook: Callable[..., None]) -> None:
+def create_process_group(strategy: Any, config: ProcessGroupConfig, hook: Callable[..., None]) -> None:
     """Create this rank's default process group through the LightningModule's ``setup_distributed_backend``.
 
     Called on every rank after the strategy knows its ranks and before any collective. The group and the
@@ -39,8 +40,8 @@ def create_process_group(strategy: Any, init_method: str | None, hook: Callable[
     backend = _lightning_internals.resolved_process_group_backend(strategy)
     timeout = _lightning_internals.process_group_timeout(strategy) or default_pg_timeout
     assert strategy.cluster_environment is not None
-    url = init_method or "env://"  # None: Lightning's own choice
-    handler = init_method_handler(url)
+    url = config.init_method or LIGHTNING_DEFAULT
+    handler = config.handler
     rendezvous = handler.prepare(url, strategy.cluster_environment)
     # Registered before the hook runs, so that a failing hook still leaves no rendezvous file behind.
     Finalize(None, _finish_process_group, args=(handler, rendezvous), exitpriority=_FINISH_PRIORITY)

@@ -15,16 +15,14 @@ class SamplerHookError(RuntimeError):
     """``configure_sampler`` raised; the message names the rank and the dataloader's stage."""
 
 
-def _prepare_dataloader(self: Any, dataloader: object, shuffle: bool, mode: Any) -> object:
-    """Lightning's ``_prepare_dataloader``, except that a user's ``configure_sampler`` decides each loader's sampler.
+def _prepare_with_configure_sampler(self: Any, dataloader: object, shuffle: bool, mode: Any) -> object:
+    """Lightning's preparation of a dataloader, except that a user's ``configure_sampler`` decides its sampler.
 
     Without an override, Lightning's own code runs untouched, so the default is bit-for-bit today's behaviour.
     """
     configure_sampler = sampler_hook(self.trainer)
     if configure_sampler is None or not isinstance(dataloader, DataLoader):
-        flavour = _lightning_internals.flavour_of(self)
-        assert flavour is not None  # self is a flavour's SamplerHookDataConnector
-        return flavour.DataConnector._prepare_dataloader(self, dataloader, shuffle, mode)
+        return _lightning_internals.lightning_prepare_dataloader(self, dataloader, shuffle, mode)
     try:
         sampler = configure_sampler(dataloader, mode)
     except Exception as error:
@@ -42,9 +40,9 @@ def sampler_hook_data_connector(flavour: Flavour, module: str) -> type:
 
     The name must be importable: ``ddp_spawn`` pickles the trainer, data connector included, by reference.
     """
-    connector = type("SamplerHookDataConnector", (flavour.DataConnector,), {"_prepare_dataloader": _prepare_dataloader})
-    connector.__module__ = module
-    return connector
+    return _lightning_internals.data_connector_class(
+        flavour, "SamplerHookDataConnector", module, _prepare_with_configure_sampler
+    )
 
 
 def install_sampler_hook(trainer: Any) -> None:

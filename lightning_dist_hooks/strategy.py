@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import torch.distributed
@@ -21,24 +22,38 @@ from lightning_dist_hooks.config import ProcessGroupConfig
 from lightning_dist_hooks.exit_grace import hand_the_gil_to_backend_threads_at_exit
 from lightning_dist_hooks.hooks import default_setup_distributed_backend, user_hook
 from lightning_dist_hooks.lost_peers import is_collective_timeout, lost_peers_message
-from lightning_dist_hooks.mpi._abort import note_failure
+from lightning_dist_hooks.mpi import note_failure
 from lightning_dist_hooks.process_group import create_process_group
 
 log = logging.getLogger(__name__)
 
 
+@dataclass(frozen=True)
+class StrategySettings:
+    """What a hooked strategy carries of ours (in ``_lightning_internals``' one attribute): the flags, checked,
+    and Fabric's ``setup_distributed_backend=`` callable."""
+
+    config: ProcessGroupConfig
+    setup_distributed_backend: Callable[..., None] | None
+
+
+def _settings(strategy: object) -> StrategySettings:
+    settings = _lightning_internals.ours(strategy)
+    assert isinstance(settings, StrategySettings), "attach_process_group_config hooks a strategy before its use"
+    return settings
+
+
 def _setup_hook(strategy: Any) -> Callable[..., None] | None:
     """The user's ``setup_distributed_backend``: Fabric's from its constructor, the Trainer's from the
     LightningModule (Fabric strategies have none); None when there is none."""
-    return strategy._setup_distributed_backend or user_hook(
+    return _settings(strategy).setup_distributed_backend or user_hook(
         getattr(strategy, "lightning_module", None), "setup_distributed_backend"
     )
 
 
 def _takes_over(strategy: Any) -> bool:
     """Whether the flags or the hook make the process group ours; otherwise everything stays Lightning's."""
-    config: ProcessGroupConfig = strategy._process_group_config
-    return not config.is_default or _setup_hook(strategy) is not None
+    return not _settings(strategy).config.is_default or _setup_hook(strategy) is not None
 
 
 def _setup_environment(self: Any) -> None:
@@ -50,7 +65,7 @@ def _setup_environment(self: Any) -> None:
     if _takes_over(self) and not torch.distributed.is_initialized():
         _lightning_internals.set_world_ranks(self)
         hook = _setup_hook(self) or default_setup_distributed_backend
-        create_process_group(self, self._process_group_config.init_method, hook)
+        create_process_group(self, _settings(self).config, hook)
     self._unhooked_class.setup_environment(self)
 
 
@@ -128,5 +143,4 @@ def attach_process_group_config(
         check_backend_fits_devices(config.backend, uses_cuda)
         _lightning_internals.set_process_group_backend(strategy, config.backend)
     strategy.__class__ = _hooked_class(type(strategy))
-    strategy._process_group_config = config
-    strategy._setup_distributed_backend = setup_distributed_backend
+    _lightning_internals.keep_ours(strategy, StrategySettings(config, setup_distributed_backend))

@@ -59,7 +59,13 @@ def apply_flags(
         attach_process_group_config(
             strategy, config, flavour.is_cuda_accelerator(strategy.accelerator), setup_distributed_backend
         )
-        check_mpi_launch(config.backend, config.init_method, len(strategy.parallel_devices), strategy.num_nodes)
+        check_mpi_launch(
+            config.backend,
+            config.init_method,
+            config.handler.needs_mpi_launch,
+            len(strategy.parallel_devices),
+            strategy.num_nodes,
+        )
     elif not config.is_default or setup_distributed_backend is not None:
         hook = ", setup_distributed_backend" if setup_distributed_backend is not None else ""
         flavour.rank_zero_warn(

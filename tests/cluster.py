@@ -1,7 +1,8 @@
 """The emulated cluster of .ci/cluster-up.sh seen from the tests: its nodes, and running commands on them.
 
 Every node is a network namespace with its own host name and its own address on 198.18.0.0/24; all of them see
-the machine's files, so ``tmp_path`` is the "shared filesystem". Names and addresses match .ci/cluster/names.sh.
+the machine's files, so ``tmp_path`` is the "shared filesystem". Names and addresses come from
+.ci/cluster/names.env, which the shell scripts read too.
 """
 
 from __future__ import annotations
@@ -19,17 +20,27 @@ CLUSTER_RSH = REPO / ".ci" / "cluster-rsh"
 NODE_COUNT = 2
 
 
+def _names(path: Path) -> dict[str, str]:
+    """The KEY=VALUE lines of a shell environment file (values double-quoted where they hold spaces)."""
+    lines = [line.strip() for line in path.read_text().splitlines()]
+    pairs = [line.split("=", 1) for line in lines if line and not line.startswith("#")]
+    return {key: value.strip('"') for key, value in pairs}
+
+
+NAMES = _names(REPO / ".ci" / "cluster" / "names.env")
+
+
 @dataclass(frozen=True)
 class Node:
     index: int
 
     @property
     def name(self) -> str:
-        return f"ldh-n{self.index}"
+        return f"{NAMES['NODE_PREFIX']}{self.index}"
 
     @property
     def address(self) -> str:
-        return f"198.18.0.{self.index + 1}"
+        return f"{NAMES['NODE_SUBNET']}.{self.index + 1}"
 
     def command(self, command: list[str]) -> list[str]:
         """``command`` run on this node: in its network namespace, with its host name."""

@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from _pytest.doctest import DoctestItem
 
 import helpers
 from cluster import EmulatedCluster, cluster_down, cluster_up
@@ -17,6 +18,73 @@ from helpers import FIT_JOB, REPO, JobResult, run_command
 
 # Scripts that the tests run as jobs (under mpirun, or as a rank): --doctest-modules must not import them here.
 collect_ignore = ["jobs", "mpi"]
+
+
+# Test tiers (pytest.ini declares them). Every test has exactly one speed tier: ``unit`` (in this process, starts no
+# process: ``python3 -m pytest -m unit`` runs them all in under a minute) or ``slow`` (starts processes: training
+# jobs, launchers, fresh interpreters, the rendezvous janitor). What a test needs of the machine is marked besides:
+# ``mpi``, ``gpu``, ``root``, ``cluster`` (which implies ``root``); those tests are ``slow``.
+SPEED_TIERS = ("unit", "slow")
+NEEDS = ("mpi", "gpu", "root", "cluster")
+
+
+@pytest.hookimpl(tryfirst=True)  # before -m deselects by these marks
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Give doctests their tier (``unit``); refuse a test without exactly one speed tier, or a unit test that needs
+    something of the machine."""
+    problems = []
+    for item in items:
+        if isinstance(item, DoctestItem):  # the examples in docstrings (--doctest-modules)
+            item.add_marker(pytest.mark.unit)
+        if item.get_closest_marker("cluster") and not item.get_closest_marker("root"):
+            item.add_marker(pytest.mark.root)
+        tiers = sorted({mark.name for mark in item.iter_markers() if mark.name in SPEED_TIERS})
+        needs = sorted({mark.name for mark in item.iter_markers() if mark.name in NEEDS})
+        if len(tiers) != 1:
+            problems.append(f"{item.nodeid}: {' and '.join(tiers) or 'no speed tier'}")
+        elif tiers == ["unit"] and needs:
+            problems.append(f"{item.nodeid}: unit, but needs {', '.join(needs)}")
+    if problems:
+        raise pytest.UsageError(
+            f"{len(problems)} test(s) need exactly one speed tier, @pytest.mark.unit (in-process, starts no process) "
+            "or @pytest.mark.slow (starts processes), and a unit test needs nothing of the machine (pytest.ini, "
+            "markers; tests/conftest.py):\n  " + "\n  ".join(problems))
+
+
+# A unit test that starts a process fails: the unit tier runs in this process only. Seen through the interpreter's
+# audit events; importing mpi4py.MPI counts too, as it initialises MPI and Open MPI's singleton starts an orted.
+_PROCESS_EVENTS = {"subprocess.Popen", "os.fork", "os.forkpty", "os.posix_spawn", "os.spawn", "os.system", "os.exec",
+                   "pty.spawn"}
+_MPI_INIT = "import mpi4py.MPI (MPI_Init: Open MPI's singleton starts an orted)"
+_started_by_unit_test: list[str] | None = None  # a list while a unit test runs
+
+
+def _record_process_starts(event: str, args: tuple) -> None:
+    started = _started_by_unit_test
+    if started is None:
+        return
+    if event in _PROCESS_EVENTS:
+        started.append(f"{event} {args[1] if event == 'subprocess.Popen' else args[:2]!r}"[:300])
+    elif event == "import" and args[0] == "mpi4py.MPI" and "mpi4py.MPI" not in sys.modules and _MPI_INIT not in started:
+        started.append(_MPI_INIT)
+
+
+sys.addaudithook(_record_process_starts)
+
+
+@pytest.fixture(autouse=True)
+def _unit_tests_start_no_process(request: pytest.FixtureRequest):
+    global _started_by_unit_test
+    if request.node.get_closest_marker("unit") is None:
+        yield
+        return
+    started = _started_by_unit_test = []
+    try:
+        yield
+    finally:
+        _started_by_unit_test = None
+    if started:
+        pytest.fail(f"a unit test started {len(started)} process(es); mark it slow: {started}", pytrace=False)
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:
@@ -42,6 +110,21 @@ def run_job(tmp_path: Path):
         return run_command(command, cwd=tmp_path, out_dir=out_dir, timeout=timeout, env=env)
 
     return run
+
+
+@pytest.fixture
+def launcher_env(monkeypatch: pytest.MonkeyPatch):
+    """``launcher_env(variables)`` replaces every launcher variable of this process (what a launcher, or the job's
+    scheduler, set: everything ``helpers.job_environment`` leaves out) with ``variables``; restored after the test."""
+    def set_variables(variables: dict[str, str]) -> None:
+        clean = helpers.job_environment()
+        for key in list(os.environ):
+            if key not in clean:
+                monkeypatch.delenv(key)
+        for key, value in variables.items():
+            monkeypatch.setenv(key, value)
+
+    return set_variables
 
 
 @pytest.fixture

@@ -6,11 +6,14 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 from helpers import REPO, job_environment
 
 EXPECTED_VARIANTS = {"raw_ddp", "pytorch_lightning", "ours_default", "ours_file", "ours_hooks"}
 
 
+@pytest.mark.slow
 def test_quick_benchmarks_write_json_markdown_and_plots(tmp_path):
     completed = subprocess.run([sys.executable, "-m", "benchmarks", "--quick", "--out", str(tmp_path)], cwd=REPO,
                                env=job_environment(), capture_output=True, text=True, timeout=420,
@@ -29,7 +32,7 @@ def test_quick_benchmarks_write_json_markdown_and_plots(tmp_path):
     assert all(startup["launch_to_first_step_s"][trainer]["median"] > 0 for trainer in ("pytorch_lightning", "ours"))
     assert startup["launch_ratio"]["median"] > 0
     latency = results["bootstrap"]["latency_ms"]
-    assert set(latency) == {"env://", "tcp://", "file://"}
+    assert set(latency) == {"env://", "tcp://", "file://", "FileStore", "dir://"}
     assert all(stats["median"] > 0 for by_size in latency.values() for stats in by_size.values())
 
     assert (tmp_path / "results.md").read_text().startswith("Machine:")
@@ -37,6 +40,33 @@ def test_quick_benchmarks_write_json_markdown_and_plots(tmp_path):
         assert (tmp_path / plot).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+@pytest.mark.slow
+def test_the_scale_benchmark_writes_json_and_a_plot(tmp_path):
+    out = tmp_path / "scale.json"
+    completed = subprocess.run([sys.executable, "-m", "benchmarks.bootstrap", "--world-sizes", "2,4", "--repetitions",
+                                "1", "--out", str(out)], cwd=REPO, env=job_environment(), capture_output=True,
+                               text=True, timeout=300, stdin=subprocess.DEVNULL)
+    assert completed.returncode == 0, completed.stderr[-4000:]
+    results = json.loads(out.read_text())
+    assert set(results["methods"]) == {"env://", "FileStore", "dir://", "env:// lazy", "FileStore lazy", "dir:// lazy"}
+    assert results["lazy_init_available"] is True  # torch 2.13's gloo reads TORCH_GLOO_LAZY_INIT
+    operations = results["methods"]["dir://"]["4"]["operations"][0]
+    assert 0 < operations["median"] <= operations["max"]
+    assert out.with_suffix(".png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.unit
+def test_the_committed_scale_results_show_dir_operations_growing_linearly():
+    from benchmarks import scale_report
+
+    stored = json.loads((REPO / "benchmarks" / "results" / "rendezvous_scale.json").read_text())
+    per_rank = {int(size): samples["operations"][0]["median"] / int(size)
+                for size, samples in stored["methods"]["dir://"].items() if int(size) >= 32}
+    assert max(per_rank.values()) < 1.5 * min(per_rank.values()), per_rank
+    assert "| world size | env:// |" in scale_report.markdown(stored)
+
+
+@pytest.mark.unit
 def test_mpi_markdown_gives_the_completion_routes_and_the_backward_wait():
     from benchmarks import report
 

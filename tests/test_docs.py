@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import re
 import shlex
+import statistics
 from pathlib import Path
 
 import pytest
@@ -15,7 +16,7 @@ import pytest
 import lightning_dist_hooks
 from helpers import REPO
 
-pytestmark = pytest.mark.compat
+pytestmark = [pytest.mark.compat, pytest.mark.unit]
 
 PACKAGE_DIR = Path(lightning_dist_hooks.__file__).parent
 README = REPO / "README.md"
@@ -113,6 +114,12 @@ def test_every_figure_in_the_docs_comes_from_the_committed_results():
     assert docs.problems() == []
 
 
+def _scale_ratio(label: str, against: str, size: str) -> float:
+    """Median bootstrap seconds of ``label`` over ``against``'s at ``size`` ranks (benchmarks.bootstrap's run)."""
+    methods = _results("rendezvous_scale.json")["methods"]
+    return statistics.median(methods[label][size]["seconds"]) / statistics.median(methods[against][size]["seconds"])
+
+
 def _results(name: str) -> dict:
     return json.loads((REPO / "benchmarks" / "results" / name).read_text())
 
@@ -146,6 +153,15 @@ CLAIMS = {
     "DDP's completion route (the work's future) costs at most 1.25 times the blocking call at every size": lambda: all(
         row["time_relative_to_blocking"]["async_op, future (DDP's route)"] <= 1.25
         for row in _mpi_run()["completion_routes"]),
+    "With gloo's lazy set-up `dir://` was faster than raw `FileStore` at 256 and 512 ranks, and within 2 % of it at "
+    "128": lambda: all(_scale_ratio("dir:// lazy", "FileStore lazy", size) < 1 for size in ("256", "512"))
+    and _scale_ratio("dir:// lazy", "FileStore lazy", "128") <= 1.02,
+    "with the eager set-up `dir://` was within 5 % of raw `FileStore` at 128, 256 and 512 ranks": lambda: all(
+        _scale_ratio("dir://", "FileStore", size) <= 1.05 for size in ("128", "256", "512")),
+    "`dir://`'s operations per rank grew linearly with the world size": lambda: (
+        lambda ratios: max(ratios) < 1.5 * min(ratios))(
+        [statistics.median([each["median"] for each in samples["operations"]]) / int(size)
+         for size, samples in _results("rendezvous_scale.json")["methods"]["dir://"].items() if int(size) >= 32]),
     "From 4 MiB on, ours is within 5 % of a raw `MPI_Allreduce` on the same memory": lambda: all(
         row["ours_speed_relative_to"]["raw, torch memory"] >= 0.95
         for row in _mpi_run()["allreduce"] if row["bytes"] >= 4 << 20),

@@ -22,6 +22,8 @@ from pathlib import Path
 import pytest
 from helpers import job_environment, needs_mpi, needs_openmpi, openmpi_run, slurm_environment
 
+pytestmark = pytest.mark.slow  # every test starts the doctor, most under a launcher
+
 DOCTOR = [sys.executable, "-m", "lightning_dist_hooks", "doctor"]
 TORCHRUN = (sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", "--no-python")
 # Long enough for a rank started late to find the other still waiting (imports take seconds on a busy 2-core CI);
@@ -56,13 +58,6 @@ def run_doctor(*flags: str, launcher: tuple[str, ...] = (), env: dict | None = N
     completed = subprocess.run(command, cwd=cwd, env=env or job_environment(), stdin=subprocess.DEVNULL,
                                capture_output=True, text=True, timeout=RUN_TIMEOUT_S + 30)
     return DoctorRun(completed.returncode, completed.stdout, completed.stderr)
-
-
-@pytest.fixture
-def rendezvous_dir(tmp_path: Path) -> Path:
-    directory = tmp_path / "rendezvous"
-    directory.mkdir()
-    return directory
 
 
 def assert_healthy(run: DoctorRun, environment: str, rendezvous_dir: Path | None = None) -> dict:
@@ -110,6 +105,7 @@ def test_torchrun(tmp_path, rendezvous_dir):
     assert_healthy(run, "TorchElasticEnvironment", rendezvous_dir)
 
 
+@pytest.mark.mpi
 @needs_openmpi
 @pytest.mark.parametrize("backend", ["gloo", "mpi"])
 def test_openmpi_mpirun(tmp_path, backend):
@@ -125,6 +121,7 @@ def test_openmpi_mpirun(tmp_path, backend):
         assert all(rank["listening"] for rank in document["ranks"])
 
 
+@pytest.mark.mpi
 @needs_mpi
 def test_mpi_ranks_listening_on_one_node_fail_naming_the_sockets_and_the_mca_fix(tmp_path):
     # Open MPI's tcp transport allowed as well as shared memory (kept on loopback): each rank listens.
@@ -137,6 +134,7 @@ def test_mpi_ranks_listening_on_one_node_fail_naming_the_sockets_and_the_mca_fix
     assert "fix: start with mpirun --mca btl self,vader" in run.stdout
 
 
+@pytest.mark.cluster
 def test_srun(slurm_cluster, tmp_path, rendezvous_dir):
     run = run_doctor("--init-method", f"file://{rendezvous_dir}/", "--json", cwd=tmp_path, env=slurm_environment(),
                      launcher=("srun", "-N1", "--ntasks-per-node=2", "-J", "ldhdoctor", "--kill-on-bad-exit=1"))
@@ -245,7 +243,23 @@ def test_a_filesystem_without_file_locks(tmp_path, rendezvous_dir):
     assert run.returncode == 1, run.output[-6000:]
     assert (f"FAIL  file-locking: the filesystem of {rendezvous_dir} refuses file locks (flock: No locks available), "
             "which torch's FileStore needs") in run.stdout
-    assert "fix: mount it with locking (NFS: without 'nolock'; Lustre: -o flock)" in run.stdout
+    assert f"fix: use dir://{rendezvous_dir}/ instead of file:// (it needs no file locks), mount the filesystem with " \
+        "locking (NFS: without 'nolock'; Lustre: -o flock)" in run.stdout
+
+
+@pytest.mark.skipif(shutil.which("gcc") is None, reason="needs gcc to build the flock shim")
+def test_dir_needs_no_file_locks(tmp_path, rendezvous_dir):
+    # The same filesystem without locks: dir:// never takes one, so the doctor passes it and the ranks meet.
+    shim = tmp_path / "nolock.so"
+    subprocess.run(["gcc", "-shared", "-fPIC", "-o", str(shim), str(Path(__file__).parent / "faults" / "nolock.c"),
+                    "-ldl"], check=True)
+    env = job_environment(LD_PRELOAD=str(shim), LDH_NOLOCK_DIR=str(rendezvous_dir))
+    run = run_doctor("--devices", "2", "--init-method", f"dir://{rendezvous_dir}/", cwd=tmp_path, env=env)
+    assert run.returncode == 0, run.output[-6000:]
+    assert f"ok    file-locking: dir:// takes no file locks, so it needs none in {rendezvous_dir}" in run.stdout
+    assert f"ok    shared-directory: every rank sees the same {rendezvous_dir}" in run.stdout
+    assert run.stdout.rstrip().endswith("every check passed")
+    assert list(rendezvous_dir.iterdir()) == []
 
 
 def _torchrun_rank(rank: int, world_size: int, local_world_size: int, port: int) -> dict[str, str]:
@@ -262,6 +276,7 @@ needs_namespaces = pytest.mark.skipif(shutil.which("unshare") is None or os.gete
                                       reason="needs root and unshare")
 
 
+@pytest.mark.root
 @needs_namespaces
 def test_host_name_resolving_to_loopback_while_ranks_span_nodes(tmp_path, free_port):
     # Two "nodes" of one rank each, as two torchrun agents give them, on a host named localhost.
@@ -278,6 +293,7 @@ def test_host_name_resolving_to_loopback_while_ranks_span_nodes(tmp_path, free_p
     assert outputs[1][0] == "", "only rank 0 prints the report"
 
 
+@pytest.mark.root
 @needs_namespaces
 def test_a_rendezvous_directory_that_differs_between_nodes(tmp_path, rendezvous_dir, free_port):
     # Rank 1 sees its own (empty) tmpfs at the same path, as a node-local directory would be.
@@ -302,6 +318,7 @@ def test_a_rendezvous_directory_that_differs_between_nodes(tmp_path, rendezvous_
     assert list(rendezvous_dir.iterdir()) == []
 
 
+@pytest.mark.root
 @pytest.mark.skipif(shutil.which("unshare") is None or shutil.which("ip") is None or os.geteuid() != 0,
                     reason="needs root, unshare and ip")
 def test_several_interfaces_without_gloo_socket_ifname_is_a_warning(tmp_path):
@@ -335,3 +352,63 @@ def test_the_console_script_and_the_module_run_the_same_main():
     usage = subprocess.run([sys.executable, "-m", "lightning_dist_hooks"], capture_output=True, text=True,
                            env=job_environment())
     assert usage.returncode == 2 and "usage: python -m lightning_dist_hooks {doctor}" in usage.stderr
+
+
+# A scheme a user registers, written against the public API only: it meets through a FileStore file in the
+# directory it names, and says so through the handler's questions, which is all the doctor asks.
+_USER_SCHEME_DOCTOR = """
+import os
+import sys
+from pathlib import Path
+from urllib.parse import urlsplit
+from lightning_dist_hooks import InitMethod, Rendezvous, register_init_method
+from lightning_dist_hooks.doctor import main
+
+class ScratchInitMethod(InitMethod):
+    scheme = "scratch"
+    needs_file_locks = True  # it meets through torch's FileStore
+
+    def shared_directory(self, url):
+        return Path(urlsplit(url).path)
+
+    def resolve(self, url, cluster_environment, num_nodes):
+        return url.rstrip("/") + "/meet"
+
+    def meeting_path(self, url):
+        return Path(urlsplit(url).path)
+
+    def prepare(self, url, cluster_environment):
+        path = urlsplit(url).path
+        os.close(os.open(path, os.O_CREAT | os.O_RDWR, 0o600))  # private before torch's FileStore opens it
+        return Rendezvous(f"file://{path}")
+
+    def finish(self, rendezvous):
+        Path(urlsplit(rendezvous.init_method).path).unlink(missing_ok=True)
+
+register_init_method(ScratchInitMethod())
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+@pytest.mark.parametrize("mode", [0o700, 0o777])
+def test_a_scheme_the_user_registers_gets_the_same_checks(tmp_path, mode):
+    directory = tmp_path / "meet"
+    directory.mkdir()
+    directory.chmod(mode)
+    script = tmp_path / "doctor_with_scratch.py"
+    script.write_text(_USER_SCHEME_DOCTOR)
+    command = ["timeout", str(RUN_TIMEOUT_S), sys.executable, str(script), "--devices", "2", "--timeout",
+               str(TIMEOUT_S), "--backend", "gloo", "--init-method", f"scratch://{directory}/", "--json"]
+    completed = subprocess.run(command, cwd=tmp_path, env=job_environment(), stdin=subprocess.DEVNULL,
+                               capture_output=True, text=True, timeout=RUN_TIMEOUT_S + 30)
+    run = DoctorRun(completed.returncode, completed.stdout, completed.stderr)
+    verdicts = run.verdicts()
+    assert verdicts["file-locking"]["status"] == "ok", verdicts
+    assert str(directory) in verdicts["file-locking"]["message"]
+    assert [rank["rendezvous_file"] for rank in json.loads(run.stdout.strip().splitlines()[-1])["ranks"]] == [
+        f"{directory}/meet"] * 2
+    if mode == 0o700:
+        assert_healthy(run, "LightningEnvironment")
+    else:  # the directory check the doctor makes for file:// holds for the user's scheme too
+        assert run.returncode == 1
+        assert verdicts["private"]["status"] == "fail" and "writable by every user" in verdicts["private"]["message"]

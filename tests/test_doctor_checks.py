@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 import socket
 
+import pytest
+
 from lightning_dist_hooks.doctor.checks import (
     FAIL,
     OK,
@@ -19,6 +21,8 @@ from lightning_dist_hooks.doctor.checks import (
 from lightning_dist_hooks.doctor.facts import LauncherLayout, expand_slurm_counts
 from lightning_dist_hooks.doctor.report import verdict_lines
 from lightning_dist_hooks.doctor.sockets import listening_sockets
+
+pytestmark = pytest.mark.unit
 
 
 def test_slurm_task_counts_are_expanded_per_node():

@@ -9,7 +9,7 @@ import pickle
 
 import pytest
 
-from lightning_dist_hooks import DistributedHooksTrainerMixin
+from lightning_dist_hooks import DistributedHooksTrainerMixin, _lightning_internals
 from lightning_dist_hooks.config import ProcessGroupConfig
 from lightning_dist_hooks.strategy import attach_process_group_config
 from helpers import both_packages
@@ -18,6 +18,7 @@ from helpers import both_packages
 pytestmark = pytest.mark.compat
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("strategy", "devices", "stages", "package"),
     # ddp_spawn starts new processes for every stage, so it runs fewer of them to keep the suite fast; the
@@ -43,6 +44,7 @@ def test_defaults_give_bitwise_equal_weights_and_identical_sample_order(run_job,
         assert set(ours.ranks[0]["seen"]["test"]).isdisjoint(ours.ranks[1]["seen"]["test"])
 
 
+@pytest.mark.slow
 def test_explicit_backend_and_file_rendezvous_train_the_same_weights(run_job, tmp_path):
     theirs = run_job("--trainer", "pl").assert_ok()
     ours = run_job("--backend", "gloo", "--init-method", f"file://{tmp_path}/rendezvous").assert_ok()
@@ -53,6 +55,7 @@ def test_explicit_backend_and_file_rendezvous_train_the_same_weights(run_job, tm
         assert line in theirs.output and line in ours.output
 
 
+@pytest.mark.unit
 @both_packages
 def test_trainer_is_a_lightning_trainer_built_from_a_public_mixin(package):
     pl, Trainer = package.pl, package.ours.Trainer
@@ -69,6 +72,7 @@ def test_trainer_is_a_lightning_trainer_built_from_a_public_mixin(package):
     assert trainer.greeting() == "kept" and trainer.torch_dist_backend == "gloo"
 
 
+@pytest.mark.unit
 @both_packages
 def test_signature_is_lightnings_plus_ours_and_env_defaults_reach_both(package, monkeypatch):
     lightning_parameters = inspect.signature(package.pl.Trainer).parameters
@@ -82,6 +86,8 @@ def test_signature_is_lightnings_plus_ours_and_env_defaults_reach_both(package, 
     assert package.ours.Trainer(accelerator="cpu", logger=False, max_epochs=3).max_epochs == 3  # an argument wins
 
 
+# Slow: Lightning's own Trainer initialises MPI where mpi4py is installed (Open MPI's singleton starts an orted).
+@pytest.mark.slow
 @both_packages
 def test_fit_validate_test_and_predict_show_lightnings_signatures_and_docstrings(package):
     trainer = package.ours.Trainer(accelerator="cpu", logger=False)
@@ -97,6 +103,7 @@ def test_fit_validate_test_and_predict_show_lightnings_signatures_and_docstrings
         assert set(parameters) <= set(inspect.signature(getattr(trainer, subcommand)).parameters), subcommand
 
 
+@pytest.mark.unit
 @both_packages
 def test_fabric_signature_and_docstring_are_lightnings_plus_ours(package):
     lightnings = inspect.signature(package.fabric.Fabric).parameters
@@ -109,6 +116,7 @@ def test_fabric_signature_and_docstring_are_lightnings_plus_ours(package):
     assert "    setup_distributed_backend: called on every rank" in documentation
 
 
+@pytest.mark.unit
 @both_packages
 @pytest.mark.parametrize("strategy", ["ddp_spawn", "ddp", "ddp_fork", "ddp_notebook", "ddp_find_unused_parameters_true"])
 def test_trainer_and_strategy_stay_picklable(package, strategy, tmp_path):
@@ -118,12 +126,13 @@ def test_trainer_and_strategy_stay_picklable(package, strategy, tmp_path):
     copy = pickle.loads(pickle.dumps(trainer))
     assert type(copy.strategy).__name__ == type(trainer.strategy).__name__
     assert isinstance(copy.strategy, DDPStrategy)
-    assert copy.strategy._process_group_config == trainer.strategy._process_group_config
+    assert _lightning_internals.ours(copy.strategy) == _lightning_internals.ours(trainer.strategy)
     assert copy.strategy._ddp_kwargs == trainer.strategy._ddp_kwargs
     assert (copy.torch_dist_backend, copy.torch_dist_init_method) == (
         "gloo", f"file://{tmp_path}/ldh-uid-{os.geteuid()}/rendezvous")
 
 
+@pytest.mark.unit
 @both_packages
 def test_module_with_the_hooks_mixin_is_picklable(package):
     module = pickle.loads(pickle.dumps(package.ours.LightningModule()))
@@ -131,6 +140,7 @@ def test_module_with_the_hooks_mixin_is_picklable(package):
     assert callable(module.setup_distributed_backend) and callable(module.configure_sampler)
 
 
+@pytest.mark.unit
 @both_packages
 def test_a_user_strategy_instance_keeps_its_identity_and_settings(package):
     from datetime import timedelta
@@ -143,6 +153,7 @@ def test_a_user_strategy_instance_keeps_its_identity_and_settings(package):
     assert strategy.process_group_backend == "gloo"
 
 
+@pytest.mark.unit
 @both_packages
 def test_fsdp_strategy_takes_the_hooks(package):
     # Lightning 2.6 runs FSDP on CUDA only; the hooks attach to the instance the same way as for DDP.

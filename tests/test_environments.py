@@ -22,7 +22,6 @@ from lightning_fabric.plugins.environments import (
     TorchElasticEnvironment,
 )
 
-import lightning_dist_hooks
 from helpers import both_packages, job_environment, Rank, run_ranks
 from lightning_dist_hooks import (
     FluxEnvironment,
@@ -67,19 +66,7 @@ SRUN = {"SLURM_NTASKS": "8", "SLURM_NTASKS_PER_NODE": "2", "SLURM_PROCID": "3", 
 SBATCH_STEP = {key: SRUN[key] for key in ("SLURM_NTASKS", "SLURM_NTASKS_PER_NODE", "SLURM_JOB_ID", "SLURM_JOB_NAME")}
 
 
-@pytest.fixture
-def launcher_env(monkeypatch):
-    """Replace every launcher variable of this process with ``variables``."""
-    def set_variables(variables: dict[str, str]) -> None:
-        clean = job_environment()
-        for key in list(os.environ):
-            if key not in clean:
-                monkeypatch.delenv(key)
-        for key, value in variables.items():
-            monkeypatch.setenv(key, value)
-    return set_variables
-
-
+@pytest.mark.unit
 @pytest.mark.parametrize(
     ("variables", "expected"),
     [
@@ -101,6 +88,7 @@ def test_detection_priority(launcher_env, variables, expected):
         assert detected is expected
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize(
     ("environment", "variables", "node_rank", "identity"),
     [
@@ -119,6 +107,7 @@ def test_ranks_node_rank_and_identity_come_from_the_table(launcher_env, environm
     assert launch_identity(cluster) == identity
 
 
+@pytest.mark.unit
 def test_env_main_address_on_several_nodes_needs_master_addr_or_file(launcher_env, tmp_path):
     launcher_env(OPENMPI)
     with pytest.raises(RuntimeError, match=r"OpenMPIEnvironment: env:// needs rank 0's address.*file:///SHARED/DIR/"):
@@ -127,6 +116,7 @@ def test_env_main_address_on_several_nodes_needs_master_addr_or_file(launcher_en
     assert (OpenMPIEnvironment().main_address, OpenMPIEnvironment().main_port) == ("10.1.2.3", 29400)
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize(
     "environment, variables, devices, num_nodes, error",
     [
@@ -152,6 +142,7 @@ def test_launch_placement_and_sizes_are_checked_against_devices_and_num_nodes(la
             environment().validate_settings(num_devices=devices, num_nodes=num_nodes)
 
 
+@pytest.mark.unit
 def test_main_port_derives_from_the_job_and_pals_address_from_the_nodefile(launcher_env, tmp_path):
     nodefile = tmp_path / "nodefile"
     nodefile.write_text("x1000c0s0b0n0\nx1000c0s0b0n1\n")
@@ -161,6 +152,7 @@ def test_main_port_derives_from_the_job_and_pals_address_from_the_nodefile(launc
     assert PALSEnvironment().main_address == "x1000c0s0b0n0"
 
 
+@pytest.mark.unit
 @both_packages
 def test_detection_finds_lightnings_own_environments_of_the_package_asked_for(launcher_env, package):
     launcher_env(SRUN)
@@ -168,6 +160,7 @@ def test_detection_finds_lightnings_own_environments_of_the_package_asked_for(la
     assert detect_cluster_environment(flavour) is package.fabric.plugins.environments.SLURMEnvironment
 
 
+@pytest.mark.unit
 @both_packages
 def test_slurm_requeue_gets_a_new_rendezvous_file(launcher_env, tmp_path, package):
     Trainer, SLURMEnvironment = package.ours.Trainer, package.fabric.plugins.environments.SLURMEnvironment
@@ -181,6 +174,7 @@ def test_slurm_requeue_gets_a_new_rendezvous_file(launcher_env, tmp_path, packag
     assert "SLURM_RESTART_COUNT-1" in requeued and requeued != first
 
 
+@pytest.mark.unit
 def test_no_job_identity_asks_for_an_explicit_file(launcher_env, tmp_path):
     launcher_env(HYDRA)  # mpiexec.hydra outside any allocation names no launch
     with pytest.raises(ValueError, match=rf"torch_dist_init_method='file://{tmp_path}/': HydraEnvironment names no job"
@@ -189,12 +183,14 @@ def test_no_job_identity_asks_for_an_explicit_file(launcher_env, tmp_path):
                 logger=False)
 
 
+@pytest.mark.unit
 def test_processes_started_with_local_rank_by_hand_have_no_identity(launcher_env, tmp_path):
     launcher_env({"LOCAL_RANK": "0", "NODE_RANK": "0", "WORLD_SIZE": "2"})
     with pytest.raises(ValueError, match=r"LightningEnvironment names no job"):
         Trainer(accelerator="cpu", devices=2, strategy="ddp", torch_dist_init_method=f"file://{tmp_path}/", logger=False)
 
 
+@pytest.mark.unit
 @both_packages
 def test_a_plugin_given_by_the_user_is_kept(launcher_env, package):
     LightningEnvironment = package.fabric.plugins.environments.LightningEnvironment
@@ -204,6 +200,7 @@ def test_a_plugin_given_by_the_user_is_kept(launcher_env, package):
     assert type(trainer.strategy.cluster_environment) is LightningEnvironment
 
 
+@pytest.mark.unit
 def test_nothing_is_added_where_lightning_would_choose_the_same_environment(launcher_env):
     launcher_env(SRUN)
     kwargs = {"plugins": None}
@@ -213,6 +210,7 @@ def test_nothing_is_added_where_lightning_would_choose_the_same_environment(laun
     assert type(added) is OpenMPIEnvironment
 
 
+@pytest.mark.unit
 def test_a_process_no_launcher_started_gets_lightnings_environment_without_a_detour_through_mpi(launcher_env):
     launcher_env({})
     (added,) = with_detected_cluster_environment({"plugins": None}, PYTORCH_LIGHTNING)["plugins"]
@@ -244,6 +242,8 @@ print(type(trainer.strategy.cluster_environment).__name__, "mpi4py.MPI" in sys.m
 """
 
 
+@pytest.mark.slow
+@pytest.mark.mpi
 @pytest.mark.skipif(importlib.util.find_spec("mpi4py") is None, reason="Lightning initialises MPI only with mpi4py")
 def test_a_trainer_outside_any_launcher_starts_no_mpi_and_opens_no_listening_socket(tmp_path):
     # Lightning's MPIEnvironment.detect() initialises MPI to learn that the world has one process: an Open MPI
@@ -270,6 +270,7 @@ def _jsrun_variables(tmp_path: Path) -> dict[str, str]:
     return {**JSRUN, "LSB_DJOB_RANKFILE": str(rankfile)}
 
 
+@pytest.mark.unit
 def test_a_jsrun_task_that_inherited_slurm_variables_is_lsfs(launcher_env, tmp_path):
     # The one case where this order (LSF before SLURM) and Lightning's differ: jsrun's per-process JSM_NAMESPACE_*
     # are the innermost launcher's, so the Trainer gives Lightning the LSFEnvironment it would not pick itself.
@@ -294,6 +295,7 @@ def detection_order_restored(monkeypatch):
     monkeypatch.setattr(environments, "_detection_order", list(environments.DETECTION_ORDER))
 
 
+@pytest.mark.unit
 def test_a_registered_environment_is_detected_before_the_schedulers(launcher_env, detection_order_restored):
     register_cluster_environment(SiteLauncherEnvironment)
     assert detection_order()[:3] == (TorchElasticEnvironment, SiteLauncherEnvironment, LSFEnvironment)
@@ -306,6 +308,7 @@ def test_a_registered_environment_is_detected_before_the_schedulers(launcher_env
     assert launch_identity(cluster) == "SITE_JOB_ID=77"
 
 
+@pytest.mark.unit
 def test_registration_takes_a_place_and_refuses_to_replace_silently(detection_order_restored):
     register_cluster_environment(SiteLauncherEnvironment, before=SLURMEnvironment)
     assert detection_order()[-2:] == (SiteLauncherEnvironment, SLURMEnvironment)
@@ -331,6 +334,7 @@ def test_registration_takes_a_place_and_refuses_to_replace_silently(detection_or
         register_cluster_environment(FluxEnvironmentOfAnotherSite, before=MPIEnvironment)
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize(
     ("variables", "node_rank"),
     [
@@ -344,6 +348,7 @@ def test_node_rank_is_derived_from_the_node_count_else_the_local_size(launcher_e
     assert SiteLauncherEnvironment().node_rank() == node_rank
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize(("environment", "variables"),
                          [(OpenMPIEnvironment, OPENMPI), (HydraEnvironment, HYDRA), (MVAPICH2Environment, MVAPICH2)])
 def test_the_mpi_transport_reads_the_same_tables(launcher_env, environment, variables):
@@ -355,6 +360,7 @@ def test_the_mpi_transport_reads_the_same_tables(launcher_env, environment, vari
     assert launch.local_world_size == 2
 
 
+@pytest.mark.unit
 def test_the_scrub_list_covers_every_launcher_variable():
     tables = {environment.__name__: environment.variables.names() for environment in LAUNCHER_ENVIRONMENTS}
     lightnings = {"SLURM": SRUN, "torchrun": {"TORCHELASTIC_RUN_ID": "", "RANK": "", "LOCAL_RANK": "", "WORLD_SIZE": "",
@@ -367,15 +373,7 @@ def test_the_scrub_list_covers_every_launcher_variable():
     assert not is_launcher_variable("PATH") and not is_launcher_variable("GLOO_SOCKET_IFNAME")
 
 
-def test_scheduler_environment_is_a_deprecated_name_for_launcher_environment():
-    with pytest.warns(DeprecationWarning, match=r"SchedulerEnvironment is deprecated; use LauncherEnvironment"):
-        assert lightning_dist_hooks.SchedulerEnvironment is LauncherEnvironment
-    with pytest.warns(DeprecationWarning, match=r"environments.SchedulerEnvironment is deprecated"):
-        assert environments.SchedulerEnvironment is LauncherEnvironment
-    with pytest.warns(DeprecationWarning, match=r"SCHEDULER_ENVIRONMENTS is deprecated; use LAUNCHER_ENVIRONMENTS"):
-        assert environments.SCHEDULER_ENVIRONMENTS == LAUNCHER_ENVIRONMENTS
-
-
+@pytest.mark.slow  # the rendezvous file's janitor is a process
 def test_a_leftover_file_with_its_claim_stops_the_rerun_with_the_file_named(tmp_path):
     url = f"file://{tmp_path}/ldh-rendezvous-job"
     first = FileInitMethod().prepare(url, Rank(1))  # an earlier run, killed: nothing removed
@@ -387,6 +385,7 @@ def test_a_leftover_file_with_its_claim_stops_the_rerun_with_the_file_named(tmp_
     assert FileInitMethod().prepare(url, Rank(0)).claim == private / "ldh-rendezvous-job.rank0.claim"
 
 
+@pytest.mark.slow  # the rendezvous file's janitor is a process
 def test_a_leftover_claim_without_its_file_is_taken_over(tmp_path):
     private = tmp_path / f"ldh-uid-{os.geteuid()}"  # the per-user directory (issue 9)
     private.mkdir(mode=0o700)
@@ -416,6 +415,7 @@ def _run_emulated(per_rank, tmp_path, rendezvous_dir, *extra_flags: str):
     return run_ranks([job_environment(**environment(rank)) for rank in range(2)], flags, tmp_path / "out", tmp_path)
 
 
+@pytest.mark.slow
 def test_emulated_flux_run(tmp_path, rendezvous_dir):
     result = _run_emulated(lambda rank: {"FLUX_TASK_RANK": str(rank), "FLUX_TASK_LOCAL_ID": str(rank),
                                          "FLUX_JOB_SIZE": "2", "FLUX_JOB_NNODES": "1", "FLUX_JOB_ID": "ƒ2Bt7T6Cw",
@@ -423,6 +423,7 @@ def test_emulated_flux_run(tmp_path, rendezvous_dir):
     _assert_emulated_fit(result, "FluxEnvironment", rendezvous_dir, "FLUX_JOB_ID-2Bt7T6Cw")
 
 
+@pytest.mark.slow
 def test_emulated_pbs_pals_mpiexec_through_plugins(tmp_path, rendezvous_dir):
     nodefile = tmp_path / "nodefile"
     nodefile.write_text("127.0.0.1\n127.0.0.1\n")
@@ -433,6 +434,7 @@ def test_emulated_pbs_pals_mpiexec_through_plugins(tmp_path, rendezvous_dir):
     _assert_emulated_fit(result, "PALSEnvironment", rendezvous_dir, "PBS_JOBID-1234.pbs01-PALS_APID-7f1c-aa")
 
 
+@pytest.mark.slow
 def test_emulated_lsf_jsrun(tmp_path, rendezvous_dir):
     # jsrun with Spectrum MPI sets OMPI_COMM_WORLD_* too; Lightning's LSFEnvironment must still win.
     rankfile = tmp_path / "rankfile"
@@ -445,6 +447,7 @@ def test_emulated_lsf_jsrun(tmp_path, rendezvous_dir):
     _assert_emulated_fit(result, "LSFEnvironment", rendezvous_dir, "LSB_JOBID-4242")
 
 
+@pytest.mark.slow
 def test_emulated_mvapich2_mpirun_rsh_inside_an_sbatch_job(tmp_path, rendezvous_dir):
     # The batch step's SLURM_* are inherited (SLURM_PROCID=0 on both ranks): MVAPICH2's own variables must win.
     result = _run_emulated(lambda rank: {**SBATCH_STEP, "SLURM_NTASKS": "2", "SLURM_NTASKS_PER_NODE": "2",

@@ -6,7 +6,11 @@ import os
 import re
 import sys
 
+import pytest
+
 from helpers import REPO, job_environment, run_command
+
+pytestmark = pytest.mark.slow
 
 
 def run_example(name: str, tmp_path, *args: str):

@@ -5,7 +5,11 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
+
 from helpers import REPO, free_port, job_environment
+
+pytestmark = pytest.mark.slow
 
 LAST_COLLECTIVE_JOB = REPO / "tests" / "jobs" / "last_collective_job.py"
 # The abort is a race: measured on this 2-core machine, 3 of 40 ranks without the grace (and 7 of 120 runs of

@@ -57,6 +57,7 @@ def run(command: list[str], tmp_path: Path, env: dict | None = None) -> JobResul
                        timeout=TIMEOUT + 30, env=env or job_environment())
 
 
+@pytest.mark.unit
 @pytest.mark.compat
 @both_packages
 def test_flags_are_checked_at_construction_with_the_trainers_messages(package):
@@ -69,18 +70,20 @@ def test_flags_are_checked_at_construction_with_the_trainers_messages(package):
         package.ours.Fabric(accelerator="cpu", devices=2, strategy="ddp", setup_distributed_backend="gloo")
 
 
+@pytest.mark.unit
 @both_packages
 def test_flags_reach_the_strategy_and_the_fabric_stays_lightnings(package, tmp_path):
     fabric = package.ours.Fabric(accelerator="cpu", devices=2, strategy="ddp", torch_dist_backend="GLOO",
                                  torch_dist_init_method=f"file://{tmp_path}/rdzv")
     assert isinstance(fabric, package.fabric.Fabric)
-    # The file really used: inside this user's private directory (README, Security).
+    # The file really used: inside this user's private directory (docs/security.md).
     assert (fabric.torch_dist_backend, fabric.torch_dist_init_method) == (
         "gloo", f"file://{tmp_path}/ldh-uid-{os.geteuid()}/rdzv")
     assert isinstance(fabric.strategy, package.fabric.strategies.DDPStrategy)
     assert fabric.strategy.process_group_backend == "gloo"
 
 
+@pytest.mark.slow
 @pytest.mark.compat
 @pytest.mark.parametrize("package", BOTH, ids=[package.name for package in BOTH])
 def test_lightnings_launcher_with_a_per_launch_file(package, tmp_path, rendezvous_dir):
@@ -95,6 +98,7 @@ def test_lightnings_launcher_with_a_per_launch_file(package, tmp_path, rendezvou
     assert "Initializing distributed: GLOBAL_RANK: 1, MEMBER: 2/2" in result.output
 
 
+@pytest.mark.slow
 def test_ddp_spawn_pickles_the_setup_hook_to_the_children(tmp_path, rendezvous_dir):
     command = fabric_command(LIGHTNING, tmp_path / "out", "--strategy", "ddp_spawn", "--backend", "gloo",
                              "--setup-hook", "--init-method", f"file://{rendezvous_dir}/")
@@ -103,6 +107,7 @@ def test_ddp_spawn_pickles_the_setup_hook_to_the_children(tmp_path, rendezvous_d
     assert list(rendezvous_dir.iterdir()) == []
 
 
+@pytest.mark.slow
 def test_torchrun(tmp_path, rendezvous_dir):
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
                *fabric_command(PYTORCH_LIGHTNING, tmp_path / "out", "--backend", "gloo", "--setup-hook",
@@ -112,6 +117,8 @@ def test_torchrun(tmp_path, rendezvous_dir):
     assert list(rendezvous_dir.iterdir()) == []
 
 
+@pytest.mark.slow
+@pytest.mark.mpi
 @needs_openmpi
 def test_openmpi_mpirun(tmp_path, rendezvous_dir):
     command = [*openmpi_run(), *fabric_command(LIGHTNING, tmp_path / "out", "--backend", "gloo", "--setup-hook",
@@ -121,6 +128,8 @@ def test_openmpi_mpirun(tmp_path, rendezvous_dir):
     assert list(rendezvous_dir.iterdir()) == []
 
 
+@pytest.mark.slow
+@pytest.mark.mpi
 @pytest.mark.compat
 @needs_mpi
 def test_openmpi_mpirun_with_the_mpi_transport(tmp_path):
@@ -130,6 +139,8 @@ def test_openmpi_mpirun_with_the_mpi_transport(tmp_path):
     assert {record["process_group_backend"] for record in result.ranks.values()} == {"mpi4py"}
 
 
+@pytest.mark.slow
+@pytest.mark.cluster
 def test_srun(slurm_cluster, tmp_path, rendezvous_dir):
     command = ["srun", "-N1", "--ntasks-per-node=2", "-J", "ldhtest", "--kill-on-bad-exit=1",
                *fabric_command(LIGHTNING, tmp_path / "out", "--backend", "gloo", "--setup-hook",

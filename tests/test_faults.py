@@ -27,6 +27,8 @@ from helpers import (FIT_JOB, OPENMPI_MPIRUN, JobResult, Rank, job_environment, 
 from lightning_dist_hooks.init_methods import FileInitMethod
 from lightning_dist_hooks.janitor import Janitor
 
+pytestmark = pytest.mark.slow  # real jobs, and the janitor's own process
+
 TIMEOUT_S = 15
 STARTUP_S = 45
 # A long process-group timeout, for failures that must end the job without waiting for it.
@@ -136,7 +138,12 @@ DEATH_REPORTS = {
 }
 
 
-@pytest.mark.parametrize("launcher", sorted(LAUNCHERS))
+# What each launcher needs of the machine (pytest.ini, markers).
+LAUNCHER_NEEDS = {"openmpi": pytest.mark.mpi, "srun": pytest.mark.cluster}
+
+
+@pytest.mark.parametrize("launcher", [pytest.param(launcher, marks=LAUNCHER_NEEDS.get(launcher, ()))
+                                      for launcher in sorted(LAUNCHERS)])
 def test_a_rank_that_dies_mid_fit_ends_the_job_and_leaves_nothing(request, tmp_path, rendezvous_dir, launcher):
     if launcher == "openmpi" and OPENMPI_MPIRUN is None:
         pytest.skip("OpenMPI's mpirun is not installed (.ci/install)")

@@ -80,10 +80,11 @@ def _create_ours(package, side: str, backend: str, device: torch.device, rendezv
     config = ProcessGroupConfig.validated(backend, f"file://{rendezvous}")
     attach_process_group_config(strategy, config, uses_cuda=device.type == "cuda")
     _lightning_internals.set_world_ranks(strategy)
-    create_process_group(strategy, config.init_method, hook)
+    create_process_group(strategy, config, hook)
     dist.destroy_process_group()
 
 
+@pytest.mark.slow  # the rendezvous file's janitor is a process
 @both_packages
 @pytest.mark.parametrize("side", ["trainer", "fabric"])
 @pytest.mark.parametrize("backend", ["gloo", "cpu:gloo,cuda:nccl"])
@@ -100,6 +101,7 @@ def test_a_cuda_rank_binds_its_group_to_its_gpu_as_lightning_does(package, side,
     assert ours_backend == backend and ours["timeout"] == lightnings["timeout"]
 
 
+@pytest.mark.slow  # the rendezvous file's janitor is a process
 @both_packages
 def test_a_cpu_rank_passes_no_device_as_lightning_does(package, recorded_torch, tmp_path):
     cpu = torch.device("cpu")
@@ -109,6 +111,7 @@ def test_a_cpu_rank_passes_no_device_as_lightning_does(package, recorded_torch, 
     assert lightnings.get("device_id") is None and recorded_torch[0][2]["device_id"] is None
 
 
+@pytest.mark.slow  # the rendezvous file's janitor is a process
 def test_a_hook_taking_device_id_gets_the_gpu_and_a_five_argument_hook_still_runs(recorded_torch, tmp_path):
     received: dict[str, object] = {}
 
@@ -145,6 +148,8 @@ def _torchrun(script: Path, out_dir: Path, *flags: str) -> JobResult:
     return run_command(command, cwd=out_dir.parent, out_dir=out_dir, timeout=GPU_JOB_TIMEOUT_S).assert_ok()
 
 
+@pytest.mark.slow
+@pytest.mark.gpu
 @needs_cuda
 @pytest.mark.parametrize("backend", ["nccl", "cpu:gloo,cuda:nccl"])
 def test_nccl_through_a_rendezvous_directory_under_torchrun_binds_each_rank_to_its_gpu(backend, tmp_path,
@@ -160,6 +165,8 @@ def test_nccl_through_a_rendezvous_directory_under_torchrun_binds_each_rank_to_i
     assert list(rendezvous_dir.iterdir()) == []
 
 
+@pytest.mark.slow
+@pytest.mark.gpu
 @needs_cuda
 def test_fabric_with_nccl_binds_each_rank_to_its_gpu_and_hands_the_hook_its_device(tmp_path, rendezvous_dir):
     job = _torchrun(FABRIC_JOB, tmp_path / "out", "--backend", "nccl", "--init-method", f"file://{rendezvous_dir}/",
@@ -172,6 +179,8 @@ def test_fabric_with_nccl_binds_each_rank_to_its_gpu_and_hands_the_hook_its_devi
     assert list(rendezvous_dir.iterdir()) == []
 
 
+@pytest.mark.slow
+@pytest.mark.gpu
 @needs_cuda
 def test_default_flags_on_a_gpu_train_what_lightnings_trainer_trains(tmp_path):
     devices = str(torch.cuda.device_count())
@@ -189,6 +198,7 @@ def test_default_flags_on_a_gpu_train_what_lightnings_trainer_trains(tmp_path):
     assert UNBOUND_BARRIER_WARNING not in ours.output
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize(("release", "binds"), [("2.4.0", False), ("2.5.4", False), ("2.5.5", True), ("2.6.6", True)])
 def test_our_group_is_bound_to_a_device_only_where_the_installed_lightning_binds_its_own(monkeypatch, release, binds):
     monkeypatch.setattr(_lightning_internals, "installed_version", lambda distribution: release)

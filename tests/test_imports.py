@@ -11,7 +11,7 @@ import pytest
 from helpers import job_environment
 
 # Part of the fast subset .ci/compat runs at the ends of the supported version ranges.
-pytestmark = pytest.mark.compat
+pytestmark = [pytest.mark.compat, pytest.mark.slow]
 
 # Runs in a fresh interpreter, in an empty directory: the state of the process before and after the imports
 # (torch's backends and rendezvous schemes, the environment, threads, files, whether MPI was initialised).

@@ -12,7 +12,6 @@ import warnings
 import pytest
 from lightning_fabric.plugins.environments import LightningEnvironment, SLURMEnvironment, TorchElasticEnvironment
 
-import lightning_dist_hooks
 from helpers import job_environment
 from lightning_dist_hooks import Trainer
 from lightning_dist_hooks.config import ProcessGroupConfig
@@ -39,6 +38,7 @@ class _Named(InitMethod):
     scheme = "named"
 
 
+@pytest.mark.unit
 def test_a_scheme_is_replaced_only_when_asked(registry):
     register_init_method(_Named())
     with pytest.raises(ValueError, match=r"scheme 'named' already has a handler \(_Named\). Pass replace=True"):
@@ -50,11 +50,13 @@ def test_a_scheme_is_replaced_only_when_asked(registry):
         register_init_method(type("MyFile", (FileInitMethod,), {})())
 
 
+@pytest.mark.unit
 def test_a_handler_without_a_scheme_is_refused(registry):
     with pytest.raises(ValueError, match=r"InitMethod sets no scheme"):
         register_init_method(InitMethod())
 
 
+@pytest.mark.unit
 def test_every_step_has_a_default(registry):
     register_init_method(_Named())
     config = ProcessGroupConfig.validated("gloo", "named://anything").resolved(LightningEnvironment(), num_nodes=1)
@@ -66,6 +68,7 @@ def test_every_step_has_a_default(registry):
     handler.finish(rendezvous)
 
 
+@pytest.mark.unit
 def test_a_registered_scheme_decides_its_backends_and_is_a_backends_default(registry):
     class Solo(AddresslessInitMethod):
         scheme = "solo"
@@ -84,17 +87,6 @@ def test_a_registered_scheme_decides_its_backends_and_is_a_backends_default(regi
         ProcessGroupConfig.validated(None, "solo://")
     with pytest.raises(ValueError, match=r"solo:// takes no address; there is one rank."):
         ProcessGroupConfig.validated("gloo", "solo://host")
-
-
-def test_the_old_names_still_work_with_a_deprecation_warning():
-    with pytest.warns(DeprecationWarning, match=r"job_identity is deprecated; use lightning_dist_hooks.launch_identity"):
-        assert lightning_dist_hooks.job_identity is lightning_dist_hooks.launch_identity
-    with pytest.warns(DeprecationWarning, match=r"Legacy.where_ranks_meet is deprecated; name it address_source"):
-        class Legacy(AddresslessInitMethod):
-            scheme = "legacy"
-            where_ranks_meet = "it is legacy."
-    with pytest.raises(ValueError, match=r"legacy:// takes no address; it is legacy."):
-        Legacy().validate("legacy://x", __import__("urllib.parse").parse.urlsplit("legacy://x"))
 
 
 # A scheme written only against the public API that does everything file:// does: names one file per launch in
@@ -159,6 +151,7 @@ _CUSTOM_SCHEME_JOB = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 def test_a_registered_scheme_can_do_everything_file_does(tmp_path):
     script = tmp_path / "job.py"
     script.write_text(_CUSTOM_SCHEME_JOB)
@@ -199,40 +192,31 @@ _PER_NODE = {
 }
 
 
-@pytest.fixture
-def node_env(monkeypatch):
-    def set_variables(variables: dict[str, str]) -> None:
-        clean = job_environment()
-        for key in list(os.environ):
-            if key not in clean:
-                monkeypatch.delenv(key)
-        for key, value in variables.items():
-            monkeypatch.setenv(key, value)
-    return set_variables
-
-
+@pytest.mark.unit
 @pytest.mark.parametrize("environment", list(_PER_NODE), ids=lambda environment: environment.__name__)
-def test_every_node_of_a_launch_resolves_the_same_per_job_file(node_env, tmp_path, environment):
+def test_every_node_of_a_launch_resolves_the_same_per_job_file(launcher_env, tmp_path, environment):
     urls = []
     for variables in _PER_NODE[environment]:
-        node_env(variables)
+        launcher_env(variables)
         urls.append(FileInitMethod().resolve(f"file://{tmp_path}/", environment(), num_nodes=2))
     assert urls[0] == urls[1] and urls[0].startswith(f"file://{tmp_path}/ldh-rendezvous-")
 
 
-def test_torchrun_on_one_node_still_gets_a_new_file_after_a_restart(node_env, tmp_path):
+@pytest.mark.unit
+def test_torchrun_on_one_node_still_gets_a_new_file_after_a_restart(launcher_env, tmp_path):
     urls = []
     for restart in ("0", "1"):
-        node_env({"TORCHELASTIC_RUN_ID": "none", "TORCHELASTIC_RESTART_COUNT": restart, "GROUP_WORLD_SIZE": "1",
+        launcher_env({"TORCHELASTIC_RUN_ID": "none", "TORCHELASTIC_RESTART_COUNT": restart, "GROUP_WORLD_SIZE": "1",
                   "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "1"})
         urls.append(FileInitMethod().resolve(f"file://{tmp_path}/", TorchElasticEnvironment(), num_nodes=1))
     assert urls[0] != urls[1] and "TORCHELASTIC_RESTART_COUNT-1" in urls[1]
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("node_rank", ["0", "1"])
-def test_lightnings_launcher_once_per_node_cannot_share_a_per_job_file(node_env, tmp_path, node_rank):
+def test_lightnings_launcher_once_per_node_cannot_share_a_per_job_file(launcher_env, tmp_path, node_rank):
     # What Lightning documents for a general cluster: the same script started on each node.
-    node_env({"NODE_RANK": node_rank, "MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "29500"})
+    launcher_env({"NODE_RANK": node_rank, "MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "29500"})
     with pytest.raises(ValueError, match=(
             rf"torch_dist_init_method='file://{tmp_path}/' with num_nodes=2: Lightning's own launcher is started once "
             rf"per node, and each node's launching process makes its own launch token.*Name a file unique to this run "
@@ -244,11 +228,33 @@ def test_lightnings_launcher_once_per_node_cannot_share_a_per_job_file(node_env,
     assert explicit.torch_dist_init_method == f"file://{tmp_path}/ldh-uid-{os.geteuid()}/run42"
 
 
-def test_lightnings_launcher_on_one_node_keeps_its_per_job_file(node_env, tmp_path):
-    node_env({})
+@pytest.mark.unit
+def test_lightnings_launcher_on_one_node_keeps_its_per_job_file(launcher_env, tmp_path):
+    launcher_env({})
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         trainer = Trainer(accelerator="cpu", devices=2, num_nodes=1, strategy="ddp", logger=False,
                           torch_dist_init_method=f"file://{tmp_path}/")
     assert trainer.torch_dist_init_method.startswith(
         f"file://{tmp_path}/ldh-uid-{os.geteuid()}/ldh-rendezvous-LIGHTNING_DIST_HOOKS_LAUNCH_TOKEN-")
+
+
+@pytest.mark.unit
+def test_two_schemes_offering_a_backend_default_are_an_error_whatever_the_registration_order(monkeypatch):
+    from lightning_dist_hooks.init_methods import _base
+
+    class RivalInitMethod(InitMethod):
+        scheme = "rival"
+
+        def default_for_backend(self, backend):
+            return "rival://" if backend == "mpi4py" else None
+
+    registered = list(_base._REGISTRY.items())
+    for order in (1, -1):
+        monkeypatch.setattr(_base, "_REGISTRY", dict(registered[::order]))
+        register_init_method(RivalInitMethod())
+        with pytest.raises(ValueError, match=r"torch_dist_backend='mpi4py': several init methods offer to be its "
+                                             r"default \((mpi://|rival://) .*, (mpi://|rival://) .*\)\. Pass "
+                                             r"torch_dist_init_method=\.\.\. to choose"):
+            _base.default_init_method_for("mpi4py")
+        assert _base.default_init_method_for("gloo") is None

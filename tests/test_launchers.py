@@ -17,6 +17,8 @@ import pytest
 
 from helpers import FIT_JOB, JobResult, needs_openmpi, openmpi_run, run_command, slurm_environment
 
+pytestmark = pytest.mark.slow
+
 LAUNCH_TIMEOUT = 150
 FIT_FLAGS = ["--backend", "gloo", "--setup-hook", "record", "--sampler-hook", "super", "--epochs", "1"]
 
@@ -74,6 +76,7 @@ def test_torchrun(tmp_path, rendezvous_dir, free_port, kind):
     assert_two_rank_fit(result, "TorchElasticEnvironment", init_method, rendezvous_dir)
 
 
+@pytest.mark.mpi
 @needs_openmpi
 @pytest.mark.parametrize("kind", ["env", "tcp", "file-dir"])
 def test_openmpi_mpirun(tmp_path, rendezvous_dir, free_port, kind):
@@ -84,6 +87,7 @@ def test_openmpi_mpirun(tmp_path, rendezvous_dir, free_port, kind):
     assert_two_rank_fit(result, "OpenMPIEnvironment", init_method, rendezvous_dir)
 
 
+@pytest.mark.mpi
 @pytest.mark.skipif(shutil.which("mpirun.mpich") is None, reason="MPICH's mpirun.mpich is not installed")
 @pytest.mark.parametrize("kind", ["env", "file-dir"])
 def test_mpich_mpirun(tmp_path, rendezvous_dir, free_port, kind):
@@ -97,6 +101,7 @@ def test_mpich_mpirun(tmp_path, rendezvous_dir, free_port, kind):
     assert_two_rank_fit(result, "HydraEnvironment", init_method, rendezvous_dir)
 
 
+@pytest.mark.cluster
 @pytest.mark.parametrize("kind", ["env", "tcp", "file-dir"])
 def test_srun(slurm_cluster, tmp_path, rendezvous_dir, free_port, kind):
     init_method = init_method_url(kind, rendezvous_dir, free_port)
@@ -107,6 +112,7 @@ def test_srun(slurm_cluster, tmp_path, rendezvous_dir, free_port, kind):
     assert_two_rank_fit(result, "SLURMEnvironment", init_method, rendezvous_dir)
 
 
+@pytest.mark.cluster
 def test_sbatch_wait_with_a_per_job_file(slurm_cluster, tmp_path, rendezvous_dir):
     init_method = f"file://{rendezvous_dir}/"
     script = tmp_path / "job.sbatch"

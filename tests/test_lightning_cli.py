@@ -31,6 +31,7 @@ def cli(package, args, **kwargs):
     return LightningCLI(Model, trainer_class=package.ours.Trainer, args=args, run=False, **kwargs)
 
 
+@pytest.mark.unit
 @both_packages
 def test_print_config_shows_every_lightning_option_and_ours_with_defaults(package, capsys):
     with pytest.raises(SystemExit) as exit_:
@@ -43,6 +44,7 @@ def test_print_config_shows_every_lightning_option_and_ours_with_defaults(packag
     assert trainer_section["accelerator"] == "auto" and trainer_section["max_steps"] == -1
 
 
+@pytest.mark.unit
 @both_packages
 def test_help_documents_our_options_next_to_lightnings(package, capsys):
     with pytest.raises(SystemExit):
@@ -53,6 +55,7 @@ def test_help_documents_our_options_next_to_lightnings(package, capsys):
     assert "--trainer.torch_dist_init_method TORCH_DIST_INIT_METHOD how ranks meet" in help_text
 
 
+@pytest.mark.unit
 @both_packages
 def test_command_line_trainer_defaults_and_yaml_all_reach_the_trainer(package, tmp_path):
     defaults = {"accelerator": "cpu", "devices": 2, "strategy": "ddp", "torch_dist_backend": "GLOO", "logger": False}
@@ -70,12 +73,14 @@ def test_command_line_trainer_defaults_and_yaml_all_reach_the_trainer(package, t
     assert (trainer.max_epochs, trainer.torch_dist_backend, trainer.torch_dist_init_method) == (5, "gloo", "env://")
 
 
+@pytest.mark.unit
 @both_packages
 def test_a_bad_flag_from_the_command_line_fails_with_the_trainers_message(package):
     with pytest.raises(ValueError, match="torch_dist_init_method='ftp://x'"):
         cli(package, ["--trainer.accelerator=cpu", "--trainer.torch_dist_init_method=ftp://x"])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("package", "source"), [(BOTH[0], "command-line"), (BOTH[1], "yaml")],
                          ids=["pytorch_lightning-command-line", "lightning-yaml"])
 def test_two_rank_fit_started_by_the_cli_uses_our_flags(package, source, tmp_path):

@@ -13,6 +13,8 @@ import torch.distributed as dist
 
 from lightning_dist_hooks.lost_peers import is_collective_timeout, lost_peers_message
 
+pytestmark = pytest.mark.unit
+
 
 @pytest.fixture
 def group_of_one(tmp_path):

@@ -55,6 +55,7 @@ def run_mpi(script: Path, *args: str) -> subprocess.CompletedProcess[str]:
 # --- without MPI ----------------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.compat
 @needs_transport_torch
 def test_register_adds_backend_and_init_method_without_starting_mpi_and_import_adds_nothing() -> None:
@@ -77,6 +78,7 @@ print(repr(dist.Backend("mpi4py")), "mpi4py" in dist.Backend.backend_list, "mpi"
     assert completed.stdout.split() == ["False", "False", "'mpi4py'", "True", "True", "mpi://", "mpi4py", "False"]
 
 
+@pytest.mark.unit
 def test_a_reduce_op_hashes_to_its_op_code() -> None:
     # The blocking allreduce looks up its MPI reduction by hash(opts.reduceOp): distinct ops need distinct hashes.
     dist = torch.distributed
@@ -88,6 +90,7 @@ def test_a_reduce_op_hashes_to_its_op_code() -> None:
     assert len(ops) + 1 == len(dist.ReduceOp.RedOpType.__members__)
 
 
+@pytest.mark.unit
 def test_missing_mpi4py_names_the_install_command(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "mpi4py", None)  # as if not installed
     monkeypatch.setitem(sys.modules, "mpi4py.MPI", None)
@@ -97,6 +100,7 @@ def test_missing_mpi4py_names_the_install_command(monkeypatch: pytest.MonkeyPatc
         mpi.init_mpi()
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize(
     ("environ", "expected"),
     [
@@ -128,6 +132,8 @@ def collectives_job() -> subprocess.CompletedProcess[str]:
     return run_mpi(SCRIPTS / "collectives.py")
 
 
+@pytest.mark.slow
+@pytest.mark.mpi
 @pytest.mark.compat
 @needs_mpi
 def test_every_collective_gives_the_expected_values(collectives_job: subprocess.CompletedProcess[str]) -> None:
@@ -165,6 +171,8 @@ def _passed_checks(output: str) -> dict[int, set[str]]:
     return passed
 
 
+@pytest.mark.slow
+@pytest.mark.mpi
 @pytest.mark.compat
 @needs_mpi
 @pytest.mark.parametrize("route", ["wait", "future"])
@@ -178,6 +186,8 @@ def test_every_operation_completes_by_wait_and_by_its_future_on_both_ranks(
         assert {f"route {operation} small {route}", f"route {operation} queued {route}"} <= names
 
 
+@pytest.mark.slow
+@pytest.mark.mpi
 @pytest.mark.compat
 @needs_mpi
 def test_collectives_keep_their_issue_order_across_the_queue(collectives_job: subprocess.CompletedProcess[str]) -> None:
@@ -185,6 +195,8 @@ def test_collectives_keep_their_issue_order_across_the_queue(collectives_job: su
         assert "route issue order behind queued collectives" in names, collectives_job.stdout[-8000:]
 
 
+@pytest.mark.slow
+@pytest.mark.mpi
 @needs_mpi
 def test_reductions_and_fsdp_training_are_bitwise_equal_to_gloo(
     collectives_job: subprocess.CompletedProcess[str],
@@ -231,6 +243,8 @@ def _train_and_inspect_sockets(backend: str, tmp_path: Path) -> tuple[dict[str, 
     return torch.load(out_file), listening
 
 
+@pytest.mark.slow
+@pytest.mark.mpi
 @pytest.mark.compat
 @needs_mpi
 def test_ddp_trains_bitwise_like_gloo_without_listening_sockets(tmp_path: Path) -> None:
@@ -243,6 +257,8 @@ def test_ddp_trains_bitwise_like_gloo_without_listening_sockets(tmp_path: Path) 
         assert torch.equal(ours[name], gloo[name]), f"{name} differs between mpi4py and gloo"
 
 
+@pytest.mark.slow
+@pytest.mark.mpi
 @needs_mpi
 @pytest.mark.parametrize(("mode", "shape"), [("blocking", "[4]"), ("future", "[4]"), ("queued", "[262144]")])
 def test_watchdog_aborts_a_collective_another_rank_skipped(mode: str, shape: str) -> None:
@@ -260,6 +276,8 @@ def test_watchdog_aborts_a_collective_another_rank_skipped(mode: str, shape: str
     assert "completed although rank 1 skipped it" not in completed.stdout
 
 
+@pytest.mark.slow
+@pytest.mark.mpi
 @needs_mpi
 @pytest.mark.parametrize(("mode", "shape"), [("blocking", r"\[4\]"), ("queued", r"\[262144\]")])
 def test_an_mpi_error_ends_the_job_at_once_saying_so(mode: str, shape: str) -> None:
@@ -274,6 +292,8 @@ def test_an_mpi_error_ends_the_job_at_once_saying_so(mode: str, shape: str) -> N
     assert "from an invalid root returned" not in completed.stdout
 
 
+@pytest.mark.slow
+@pytest.mark.mpi
 @pytest.mark.compat
 @needs_mpi
 def test_lightning_trainer_fits_on_the_mpi4py_backend(tmp_path: Path) -> None:
@@ -290,6 +310,8 @@ def test_lightning_trainer_fits_on_the_mpi4py_backend(tmp_path: Path) -> None:
     assert records[0]["logged_train_loss"] == records[1]["logged_train_loss"]
 
 
+@pytest.mark.slow
+@pytest.mark.mpi
 @needs_mpi
 def test_benchmark_quick_run(tmp_path: Path) -> None:
     results_file = tmp_path / "results.json"

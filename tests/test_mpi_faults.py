@@ -11,7 +11,11 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from helpers import FIT_JOB, needs_mpi, openmpi_run, processes_mentioning, run_command
+
+pytestmark = [pytest.mark.slow, pytest.mark.mpi]
 
 TIMEOUT_S = 600
 ENDS_WITHIN_S = 30

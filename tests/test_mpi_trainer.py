@@ -16,6 +16,8 @@ def fit_under_mpirun(tmp_path, name: str, *flags: str):
     return run_command(command, cwd=tmp_path, out_dir=out_dir, timeout=180).assert_ok()
 
 
+@pytest.mark.slow
+@pytest.mark.mpi
 @pytest.mark.compat
 @needs_mpi
 def test_mpi_fit_is_bitwise_gloos_with_the_hooks_and_holds_no_listening_socket(tmp_path):
@@ -33,6 +35,8 @@ def test_mpi_fit_is_bitwise_gloos_with_the_hooks_and_holds_no_listening_socket(t
     assert gloo.ranks[0]["listening_tcp_ports"], "the socket check must see gloo's listeners"
 
 
+@pytest.mark.slow
+@pytest.mark.mpi
 @needs_mpi
 def test_mpi_fit_with_a_custom_sampler_and_sync_dist_logging(tmp_path):
     result = fit_under_mpirun(tmp_path, "sampler", "--backend", "MPI", "--sampler-hook", "custom")
@@ -42,6 +46,7 @@ def test_mpi_fit_with_a_custom_sampler_and_sync_dist_logging(tmp_path):
     result.same_on_all_ranks("weights_sha256")
 
 
+@pytest.mark.unit
 def test_mpi_without_mpi4py_names_the_install_command(monkeypatch):
     monkeypatch.setitem(sys.modules, "mpi4py", None)  # makes `import mpi4py` fail, as on a machine without it
     with pytest.raises(ValueError, match=r"needs mpi4py, which is not installed. Install it: pip install "
@@ -56,6 +61,7 @@ def as_if_started_by_mpirun(monkeypatch, ranks: int) -> None:
         monkeypatch.setenv(f"OMPI_COMM_WORLD_{name}", str(value))
 
 
+@pytest.mark.unit
 @pytest.mark.skipif(not mpi.is_available(), reason="needs mpi4py")
 def test_mpi_selects_the_mpi4py_transport_and_the_socket_free_init_method(monkeypatch):
     as_if_started_by_mpirun(monkeypatch, ranks=2)
@@ -63,12 +69,14 @@ def test_mpi_selects_the_mpi4py_transport_and_the_socket_free_init_method(monkey
     assert (trainer.torch_dist_backend, trainer.torch_dist_init_method) == ("mpi4py", "mpi://")
 
 
+@pytest.mark.unit
 def test_mpi_init_method_needs_an_mpi_backend():
     with pytest.raises(ValueError, match=r"torch_dist_init_method='mpi://' needs an MPI backend"):
         Trainer(accelerator="cpu", devices=2, strategy="ddp", torch_dist_backend="gloo",
                 torch_dist_init_method="mpi://", logger=False)
 
 
+@pytest.mark.unit
 @pytest.mark.skipif(not mpi.is_available(), reason="needs mpi4py")
 @pytest.mark.parametrize("flags", [{"torch_dist_backend": "mpi"}, {"torch_dist_backend": "mpi4py",
                                                                     "torch_dist_init_method": "mpi://"}])
@@ -79,6 +87,7 @@ def test_mpi_outside_an_mpi_launcher_says_to_start_with_mpirun(flags):
         Trainer(accelerator="cpu", devices=2, num_nodes=2, strategy="ddp", logger=False, **flags)
 
 
+@pytest.mark.unit
 @pytest.mark.skipif(not mpi.is_available(), reason="needs mpi4py")
 def test_mpi_job_of_another_size_than_the_trainer_names_both(monkeypatch):
     as_if_started_by_mpirun(monkeypatch, ranks=3)
@@ -88,6 +97,8 @@ def test_mpi_job_of_another_size_than_the_trainer_names_both(monkeypatch):
         Trainer(accelerator="cpu", devices=2, strategy="ddp", torch_dist_backend="mpi", logger=False)
 
 
+@pytest.mark.slow  # Lightning's MPIEnvironment.detect() initialises MPI: Open MPI's singleton starts an orted
+@pytest.mark.mpi
 @pytest.mark.skipif(not mpi.is_available(), reason="needs mpi4py")
 def test_mpi_under_a_pmix_launcher_is_accepted(monkeypatch):
     # srun --mpi=pmix sets PMIX_RANK (and SLURM's variables), none of the MPI launchers' rank/size pairs.

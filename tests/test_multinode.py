@@ -8,7 +8,8 @@ Each launcher runs ``env://`` (each derives the main address and port its own wa
 names the job its own way). ``tcp://NODE0:PORT`` and ``file:///DIR/name`` need nothing from the launcher, so
 they run where a launcher could still break them: Lightning's launcher (a process per node, none shares a parent)
 and torchrun (whose agent store hijacks ``tcp://``) for ``tcp://``, Lightning's launcher for
-``file:///DIR/name``. ``mpi://`` runs under mpirun with the MPI transport over the ``tcp`` BTL.
+``file:///DIR/name``. ``mpi://`` runs under mpirun with the MPI transport over the ``tcp`` BTL. ``dir://``
+(issue 21) trains with ``flock`` failing and with ``flock`` granting every lock (an LD_PRELOAD shim).
 Every job runs 2 ranks per node (4 in all), so node rank and local rank both vary.
 The doctor (issue 14) runs here too: healthy across both nodes, and with the faults only several nodes can have.
 """
@@ -39,6 +40,8 @@ JOB_TIMEOUT_S = 150
 MAIN = NODES[0]
 # Every test listens on ports of its own inside the namespaces (a port in TIME_WAIT is not reused).
 _ports = itertools.count(29500)
+
+pytestmark = [pytest.mark.slow, pytest.mark.cluster]
 
 needs_openmpi = pytest.mark.skipif(shutil.which("mpirun.openmpi") is None,
                                    reason="OpenMPI's mpirun is not installed (.ci/install)")
@@ -105,10 +108,10 @@ def assert_multinode_fit(result: JobResult, environment_name: str, init_method: 
         if init_method == "env://":
             # Node 0's real address (or its name), never 127.0.0.1, which the other node cannot reach.
             assert socket.gethostbyname(record["master_addr"]) == MAIN.address, f"rank {rank}: {record['master_addr']}"
-        if init_method.startswith("file://") and init_method.endswith("/"):
+        if init_method.startswith(("file://", "dir://")) and init_method.endswith("/"):
             # Inside the per-user directory (issue 9).
             assert call["init_method"].startswith(f"{init_method}ldh-uid-{os.geteuid()}/ldh-rendezvous-")
-        elif init_method.startswith("file://"):
+        elif init_method.startswith(("file://", "dir://")):
             directory, name = init_method.rsplit("/", 1)
             assert call["init_method"] == f"{directory}/ldh-uid-{os.geteuid()}/{name}"
         else:
@@ -208,6 +211,7 @@ def openmpi_command(tmp_path: Path, mapping: str = f"ppr:{DEVICES}:node", *, np:
             "-x", "PYTHONPATH", "-x", "GLOO_SOCKET_IFNAME", "-x", "OMP_NUM_THREADS", "-x", "PYTHONUNBUFFERED"]
 
 
+@pytest.mark.mpi
 @needs_openmpi
 @pytest.mark.parametrize("kind, backend", [("env", "gloo"), ("file-dir", "gloo"), ("mpi", "mpi")])
 def test_openmpi_mpirun_over_a_host_file(cluster, tmp_path, rendezvous_dir, kind, backend):
@@ -222,6 +226,7 @@ def test_openmpi_mpirun_over_a_host_file(cluster, tmp_path, rendezvous_dir, kind
                          backend="mpi4py" if backend == "mpi" else backend)
 
 
+@pytest.mark.mpi
 @needs_openmpi
 def test_openmpi_round_robin_placement_fails_at_start(cluster, tmp_path, rendezvous_dir):
     # --map-by node puts ranks 0 and 2 on node 0: node ranks derived as rank // 2 would be wrong. The ranks whose
@@ -279,6 +284,65 @@ def test_sbatch_on_two_nodes_with_a_per_job_file(slurm, tmp_path, rendezvous_dir
     result.output += "".join(log.read_text()[-6000:] for log in tmp_path.glob("slurm-*.out"))
     assert_multinode_fit(result, "SLURMEnvironment", init_method, rendezvous_dir)
     assert "SLURM_JOB_ID-" in result.ranks[0]["setup_calls"][0]["init_method"]
+
+
+# ---------------------------------------------------------------- dir:// where flock fails or locks nothing (issue 21)
+
+
+@pytest.fixture(scope="module")
+def flock_shim(tmp_path_factory) -> Path:
+    """tests/faults/nolock.c built: under LD_PRELOAD, flock() in $LDH_NOLOCK_DIR fails with ENOLCK, or with
+    LDH_NOLOCK_MODE=noop succeeds without locking (a filesystem whose locks do not cross nodes)."""
+    if shutil.which("gcc") is None:
+        pytest.skip("needs gcc to build the flock shim")
+    shim = tmp_path_factory.mktemp("shim") / "nolock.so"
+    subprocess.run(["gcc", "-shared", "-fPIC", "-o", str(shim), str(Path(__file__).parent / "faults" / "nolock.c"),
+                    "-ldl"], check=True)
+    return shim
+
+
+_FLOCK_PROBE = """
+import errno, fcntl, os, sys
+first, second = (os.open(os.path.join(sys.argv[1], ".probe"), os.O_CREAT | os.O_RDWR, 0o600) for _ in range(2))
+try:
+    fcntl.flock(first, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    fcntl.flock(second, fcntl.LOCK_EX | fcntl.LOCK_NB)  # a second exclusive lock on the file: granted only by the shim
+    print("both exclusive locks granted")
+except OSError as error:
+    print(errno.errorcode[error.errno])
+os.unlink(os.path.join(sys.argv[1], ".probe"))
+"""
+
+
+def flock_environment(shim: Path, rendezvous_dir: Path, flock: str) -> dict[str, str]:
+    """The job's environment with the shim, after checking that flock in ``rendezvous_dir`` really does ``flock``."""
+    env = environment(LD_PRELOAD=str(shim), LDH_NOLOCK_DIR=str(rendezvous_dir),
+                      **({"LDH_NOLOCK_MODE": "noop"} if flock == "no-op" else {}))
+    probe = subprocess.run([sys.executable, "-c", _FLOCK_PROBE, str(rendezvous_dir)], env=env, capture_output=True,
+                           text=True, timeout=60)
+    expected = "both exclusive locks granted" if flock == "no-op" else "ENOLCK"
+    assert probe.stdout.strip() == expected, probe.stdout + probe.stderr
+    return env
+
+
+@pytest.mark.parametrize("flock", ["fails", "no-op"])
+def test_dir_trains_across_nodes_whatever_flock_does(cluster, tmp_path, rendezvous_dir, flock_shim, flock):
+    init_method = f"dir://{rendezvous_dir}/run42"
+    result = lightning_per_node(tmp_path, fit_flags(tmp_path / "out", init_method),
+                                env=flock_environment(flock_shim, rendezvous_dir, flock))
+    assert_multinode_fit(result, "LightningEnvironment", init_method, rendezvous_dir)
+
+
+def test_dir_per_launch_under_torchrun_with_flock_failing(cluster, tmp_path, rendezvous_dir, flock_shim):
+    init_method = f"dir://{rendezvous_dir}/"
+    rendezvous_endpoint = f"{MAIN.address}:{next(_ports)}"
+    commands = {node.name: node.command([
+        sys.executable, "-m", "torch.distributed.run", "--nnodes", str(len(NODES)), "--node-rank", str(node.index),
+        "--nproc-per-node", str(DEVICES), "--rdzv-backend", "c10d", "--rdzv-endpoint", rendezvous_endpoint,
+        "--rdzv-id", "job-dir", str(FIT_JOB), *fit_flags(tmp_path / "out", init_method)]) for node in NODES}
+    result = run_per_node(commands, tmp_path, tmp_path / "out", flock_environment(flock_shim, rendezvous_dir, "fails"),
+                          JOB_TIMEOUT_S)
+    assert_multinode_fit(result, "TorchElasticEnvironment", init_method, rendezvous_dir)
 
 
 # ---------------------------------------------------------------- faults across nodes

@@ -8,6 +8,7 @@ import re
 import subprocess
 import sys
 from importlib import metadata
+from pathlib import Path
 
 import pytest
 import torch
@@ -53,6 +54,7 @@ def imported_lightning_packages(statement: str) -> list[str]:
     return eval(completed.stdout.strip().splitlines()[-1])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("statement", "expected"), [
     ("import lightning_dist_hooks", []),
     ("from lightning_dist_hooks import Trainer, LightningModule, Fabric", ["lightning_fabric", "pytorch_lightning"]),
@@ -62,6 +64,7 @@ def test_importing_one_package_never_imports_the_other(statement, expected):
     assert imported_lightning_packages(statement) == expected
 
 
+@pytest.mark.unit
 @both_packages
 def test_a_fit_with_the_packages_own_module_strategy_and_checkpoint_callback(package, tmp_path):
     checkpoint = package.pl.callbacks.ModelCheckpoint(dirpath=tmp_path)
@@ -74,6 +77,7 @@ def test_a_fit_with_the_packages_own_module_strategy_and_checkpoint_callback(pac
     assert package.ours.Trainer(accelerator="cpu", devices=2, strategy=strategy, logger=False).strategy is strategy
 
 
+@pytest.mark.unit
 @both_packages
 def test_the_mixin_in_front_of_a_users_own_trainer_subclass(package, monkeypatch):
     class UsersTrainer(package.pl.Trainer):
@@ -101,6 +105,7 @@ def test_the_mixin_in_front_of_a_users_own_trainer_subclass(package, monkeypatch
     assert (direct.max_epochs, direct.torch_dist_init_method) == (4, "env://")
 
 
+@pytest.mark.unit
 @both_packages
 def test_our_environments_are_plugins_of_both_packages(package, monkeypatch):
     for name, value in OPENMPI_RANK_1_OF_2.items():
@@ -115,6 +120,7 @@ def test_our_environments_are_plugins_of_both_packages(package, monkeypatch):
                               logger=False).global_rank == 1  # Lightning's own Trainer takes them as well
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize(("ours", "theirs"), [(PYTORCH_LIGHTNING, LIGHTNING), (LIGHTNING, PYTORCH_LIGHTNING)],
                          ids=["pytorch_lightning-given-lightning", "lightning-given-pytorch_lightning"])
 def test_mixing_the_packages_is_one_clear_error_naming_both(ours, theirs):
@@ -131,6 +137,7 @@ def test_mixing_the_packages_is_one_clear_error_naming_both(ours, theirs):
         ours.ours.Fabric(accelerator="cpu", devices=2, strategy=theirs.fabric.strategies.DDPStrategy())
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("distribution", ["lightning", "torch"])
 def test_an_untested_release_warns_once_on_first_use_naming_the_range_and_the_fix(monkeypatch, distribution):
     installed = {"lightning": "2.6.6", "torch": "2.13.0+cpu", distribution: "2.99.1"}
@@ -146,6 +153,7 @@ def test_an_untested_release_warns_once_on_first_use_naming_the_range_and_the_fi
     assert len([w for w in warned if "was tested with" in str(w.message)]) == 1
 
 
+@pytest.mark.unit
 def test_an_mpi4py_outside_the_range_warns_naming_it(monkeypatch):
     # init_mpi() checks the installed mpi4py this way when MPI starts.
     monkeypatch.setattr(supported_versions, "_CHECKED", set())
@@ -153,6 +161,7 @@ def test_an_mpi4py_outside_the_range_warns_naming_it(monkeypatch):
         supported_versions.warn_if_untested("mpi4py", "3.1.6")
 
 
+@pytest.mark.unit
 def test_the_installed_metadata_declares_the_supported_ranges_and_the_installed_torch_is_inside():
     declared = {requirement.name: requirement.specifier
                 for requirement in map(Requirement, metadata.requires("lightning-dist-hooks"))}
@@ -160,3 +169,54 @@ def test_the_installed_metadata_declares_the_supported_ranges_and_the_installed_
         assert declared[distribution] == SpecifierSet(specifier), distribution
     assert metadata.metadata("lightning-dist-hooks")["Requires-Python"] == supported_versions.PYTHON
     assert SpecifierSet(supported_versions.SUPPORTED["torch"]).contains(torch.__version__)
+
+
+@pytest.mark.unit
+def test_the_lightning_module_exports_what_the_package_exports_with_its_own_three_classes():
+    import lightning_dist_hooks
+    import lightning_dist_hooks.lightning as unified
+
+    assert sorted(unified.__all__) == sorted(lightning_dist_hooks.__all__)
+    per_package = set(lightning_dist_hooks.PER_PACKAGE_CLASSES)
+    assert all(getattr(unified, name) is getattr(lightning_dist_hooks, name)
+               for name in unified.__all__ if name not in per_package)
+    import lightning
+
+    assert issubclass(unified.Trainer, lightning.pytorch.Trainer) and issubclass(unified.Fabric, lightning.fabric.Fabric)
+
+
+def _resolve_private_name(dotted: str, package) -> bool:
+    """Whether ``dotted`` (spelled for pytorch_lightning/lightning_fabric) exists in ``package``'s copy: as a module
+    attribute, a class attribute, or an attribute the class's ``__init__`` sets."""
+    import importlib
+
+    spelled = dotted.replace("pytorch_lightning", package.pytorch).replace("lightning_fabric", package.fabric)
+    parts = spelled.split(".")
+    for split in range(len(parts) - 1, 0, -1):
+        try:
+            owner = importlib.import_module(".".join(parts[:split]))
+        except ImportError:
+            continue
+        for name in parts[split:-1]:
+            owner = getattr(owner, name)
+        if hasattr(owner, parts[-1]):
+            return True
+        # An instance attribute: set in __init__ (building a Trainer would run Lightning's environment detection).
+        return isinstance(owner, type) and bool(re.search(rf"self\.{parts[-1]}\b[^=]*=", inspect.getsource(owner.__init__)))
+    return False
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("flavour", _lightning_internals.FLAVOURS, ids=lambda flavour: flavour.distribution)
+def test_every_private_lightning_name_we_use_exists_and_only_the_seam_names_one(flavour):
+    import lightning_dist_hooks
+
+    names = _lightning_internals.PRIVATE_NAMES
+    missing = [name for name in names if not _resolve_private_name(name, flavour)]
+    assert missing == [], f"{flavour.distribution} lacks private names the seam uses: {missing}"
+
+    attributes = {name.rsplit(".", 1)[1] for name in names}
+    modules = Path(lightning_dist_hooks.__file__).parent.rglob("*.py")
+    leaks = [f"{path.name}: {name}" for path in modules if path.name != "_lightning_internals.py"
+             for name in attributes if re.search(rf"(?<!self)\.{name}\b|[\"']{name}[\"']", path.read_text())]
+    assert leaks == [], f"private Lightning names outside _lightning_internals.py: {leaks}"

@@ -36,11 +36,13 @@ def default_group():
         dist.destroy_process_group()
 
 
+@pytest.mark.unit
 def test_check_default_group_accepts_the_group_the_trainer_expects(default_group):
     default_group()
     check_default_group(rank=0, world_size=1)
 
 
+@pytest.mark.unit
 def test_check_default_group_names_a_missing_group():
     assert not dist.is_initialized()
     with pytest.raises(DistributedSetupError, match=r"setup_distributed_backend returned on rank 3 without creating "
@@ -48,6 +50,7 @@ def test_check_default_group_names_a_missing_group():
         check_default_group(rank=3, world_size=4)
 
 
+@pytest.mark.unit
 def test_check_default_group_names_a_group_of_the_wrong_shape(default_group):
     default_group()
     with pytest.raises(DistributedSetupError, match=r"created a process group with rank 0 and world size 1, but this "
@@ -75,6 +78,7 @@ def _tcp_server_timeout(tmp_path: Path) -> Exception:  # tcp:// and env:// on ra
                                          timeout=timedelta(milliseconds=100)))
 
 
+@pytest.mark.unit
 def test_torchs_timeout_wording_is_recognised_and_its_client_count_read(tmp_path):
     file_error, tcp_error = _file_store_timeout(tmp_path), _tcp_server_timeout(tmp_path)
     assert str(file_error) == "Wait timeout"
@@ -88,6 +92,7 @@ def test_torchs_timeout_wording_is_recognised_and_its_client_count_read(tmp_path
     assert _missing_ranks(Rendezvous("tcp://127.0.0.1:1"), 3, tcp_error) == "ranks that never arrived: [1, 2]"
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize(
     ("message", "expected"),
     [
@@ -102,12 +107,14 @@ def test_missing_ranks_from_a_tcp_rendezvous(message, expected):
     assert _missing_ranks(Rendezvous("env://"), 4, RuntimeError(message)) == expected
 
 
+@pytest.mark.slow  # the rendezvous file's janitor is a process
 def test_missing_ranks_from_a_file_rendezvous_are_the_ranks_without_a_claim(tmp_path):
     url = f"file://{tmp_path}/rendezvous"
     claimed = [FileInitMethod().prepare(url, Rank(rank)) for rank in (0, 2)]
     assert _missing_ranks(claimed[0], 4, RuntimeError("Wait timeout")) == "ranks that never arrived: [1, 3]"
 
 
+@pytest.mark.slow
 def test_file_rendezvous_uses_the_file_privately_needs_no_master_port_and_removes_it(run_job, tmp_path, busy_port):
     rendezvous = tmp_path / "rendezvous"
     # MASTER_PORT points at a port held by this test: a TCP store there could neither bind nor talk to it.
@@ -124,6 +131,7 @@ def test_file_rendezvous_uses_the_file_privately_needs_no_master_port_and_remove
     assert not rendezvous.exists()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("strategy", ["ddp", "ddp_spawn"])
 def test_setup_hook_runs_once_per_rank_with_the_resolved_values(run_job, tmp_path, strategy):
     init_method = f"file://{tmp_path}/rendezvous"
@@ -140,6 +148,7 @@ def test_setup_hook_runs_once_per_rank_with_the_resolved_values(run_job, tmp_pat
     assert not (tmp_path / "rendezvous").exists() and not (tmp_path / f"ldh-uid-{os.geteuid()}").exists()
 
 
+@pytest.mark.slow
 def test_setup_hook_alone_gets_lightnings_defaults_and_the_strategy_settings(run_job):
     result = run_job("--strategy", "ddp-instance", "--timeout", "42", "--setup-hook", "record").assert_ok()
     for rank, record in result.ranks.items():
@@ -149,6 +158,7 @@ def test_setup_hook_alone_gets_lightnings_defaults_and_the_strategy_settings(run
         assert record["store"][-1] == "TCPStore"
 
 
+@pytest.mark.slow
 def test_tcp_init_method_on_loopback(run_job, free_port):
     result = run_job("--backend", "gloo", "--init-method", f"tcp://127.0.0.1:{free_port}", "--setup-hook", "record")
     result.assert_ok()
@@ -158,6 +168,7 @@ def test_tcp_init_method_on_loopback(run_job, free_port):
     assert result.same_on_all_ranks("weights_sha256")
 
 
+@pytest.mark.slow
 def test_hand_built_store_in_the_hook(run_job, tmp_path):
     store_file = tmp_path / "hand-built-store"
     result = run_job("--setup-hook", "hand-store", "--hand-store", str(store_file)).assert_ok()
@@ -166,6 +177,7 @@ def test_hand_built_store_in_the_hook(run_job, tmp_path):
     assert result.same_on_all_ranks("weights_sha256")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("strategy", ["ddp_fork", "ddp_notebook", "ddp_find_unused_parameters_true"])
 def test_every_ddp_registered_name_takes_the_flags(run_job, tmp_path, strategy):
     rendezvous = tmp_path / "rendezvous"
@@ -178,6 +190,7 @@ def test_every_ddp_registered_name_takes_the_flags(run_job, tmp_path, strategy):
     assert not rendezvous.exists()
 
 
+@pytest.mark.slow
 def test_model_parallel_strategy_takes_the_flags(run_job, tmp_path):
     result = run_job("--strategy", "model_parallel", "--backend", "gloo", "--init-method", f"file://{tmp_path}/r",
                      "--setup-hook", "record", "--epochs", "1").assert_ok()
@@ -186,6 +199,7 @@ def test_model_parallel_strategy_takes_the_flags(run_job, tmp_path):
         assert record["setup_calls"][0]["rank"] == rank and record["store"][-1] == "FileStore"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("hook", "message"),
     [

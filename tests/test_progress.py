@@ -10,6 +10,8 @@ import time
 from datetime import timedelta
 from pathlib import Path
 
+import pytest
+
 from helpers import FIT_JOB, job_environment
 
 from lightning_dist_hooks.progress import ReportSchedule, rendezvous_progress, waiting_message
@@ -17,11 +19,13 @@ from lightning_dist_hooks.progress import ReportSchedule, rendezvous_progress, w
 FAST = ReportSchedule(first=(0.2, 0.5), every=0.5)
 
 
+@pytest.mark.unit
 def test_the_schedule_grows_then_repeats_every_minute():
     times = ReportSchedule().times()
     assert [next(times) for _ in range(5)] == [10, 30, 90, 150, 210]
 
 
+@pytest.mark.unit
 def test_rank_0_reports_the_missing_ranks_at_info_level_while_it_waits(caplog):
     caplog.set_level(logging.DEBUG, logger="lightning_dist_hooks.progress")
     arrived = []
@@ -37,6 +41,7 @@ def test_rank_0_reports_the_missing_ranks_at_info_level_while_it_waits(caplog):
     ]
 
 
+@pytest.mark.unit
 def test_other_ranks_report_at_debug_level_and_say_when_the_rendezvous_cannot_tell(caplog):
     caplog.set_level(logging.DEBUG, logger="lightning_dist_hooks.progress")
     with rendezvous_progress(3, 4, "tcp://10.0.0.1:29500", timedelta(seconds=60), lambda: None, FAST):
@@ -48,6 +53,7 @@ def test_other_ranks_report_at_debug_level_and_say_when_the_rendezvous_cannot_te
         "tcp://10.0.0.1:29500, 0 s of 60 s")
 
 
+@pytest.mark.unit
 def test_nothing_is_reported_when_the_wait_ends_before_the_first_report(caplog):
     caplog.set_level(logging.DEBUG, logger="lightning_dist_hooks.progress")
     asked = []
@@ -57,6 +63,7 @@ def test_nothing_is_reported_when_the_wait_ends_before_the_first_report(caplog):
     assert caplog.records == [] and asked == []
 
 
+@pytest.mark.unit
 def test_once_every_rank_has_arrived_the_line_says_the_backend_is_connecting_them():
     message = waiting_message(0, 2, "env://", 12, timedelta(seconds=15), [])
     assert message == ("rank 0: all 2 ranks have arrived; waiting for the backend to connect them through env://, "
@@ -72,6 +79,7 @@ def _start_rank(rank: int, flags: list[str], tmp_path: Path, port: int) -> subpr
                             env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
 
 
+@pytest.mark.slow
 def test_a_rank_held_back_is_named_by_rank_0_while_it_waits(tmp_path, free_port):
     rendezvous = tmp_path / "rendezvous"
     rendezvous.mkdir()
@@ -88,6 +96,7 @@ def test_a_rank_held_back_is_named_by_rank_0_while_it_waits(tmp_path, free_port)
                         reports[0])
 
 
+@pytest.mark.slow
 def test_ranks_that_arrive_together_print_no_progress(tmp_path, free_port):
     rendezvous = tmp_path / "rendezvous"
     rendezvous.mkdir()

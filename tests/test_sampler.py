@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from helpers import both_packages
+
+pytestmark = pytest.mark.slow
 
 DATASET = list(range(24))
 

@@ -1,4 +1,5 @@
-"""``file://`` against another user of the same shared filesystem (issue 9), with real unprivileged users.
+"""``file://`` and ``dir://`` against another user of the same shared filesystem (issues 9, 21), with real
+unprivileged users.
 
 As root, the tests create two users, ``ldh-victim`` and ``ldh-attacker`` (and a group ``ldh-project`` holding
 both), and run the victim's ranks and the attacker's processes as them. The victim's job is started as Flux
@@ -6,7 +7,9 @@ starts it (its job id is public, so the per-job file name is predictable). Every
 ``fs.protected_regular``/``fs.protected_symlinks`` at 0 (as on NFS and Lustre) and at the distribution's
 defaults, with a per-job (``file:///DIR/``) and an explicit (``file:///DIR/NAME``) path. The victim must never
 complete a fit with a foreign rank, never wait past its timeout, never create a file outside the rendezvous
-directory, and must get a message naming the path and its owner.
+directory, and must get a message naming the path and its owner. ``dir://`` shares ``file://``'s handler, so
+the attacks on the rendezvous file run against both; what is ``dir://``'s own (its store's directory, a key file
+planted, linked or owned by another user) is attacked at the end.
 """
 
 from __future__ import annotations
@@ -39,7 +42,8 @@ FIT_FLAGS = ["--backend", "gloo", "--setup-hook", "record", "--epochs", "1", "--
 # Debian's /usr/lib/sysctl.d/protect-links.conf
 DISTRIBUTION_DEFAULTS = {"protected_regular": "2", "protected_symlinks": "1"}
 
-pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="creating users and running processes as them needs root")
+pytestmark = [pytest.mark.slow, pytest.mark.root,
+              pytest.mark.skipif(os.geteuid() != 0, reason="creating users and running processes as them needs root")]
 
 
 def _ensure_user(name: str) -> None:
@@ -189,11 +193,11 @@ def predicted_name(directory: Path) -> str:
     return Path(rendezvous_file_for_job(f"file://{directory}/", f"FLUX_JOB_ID={JOB_ID}")[len("file://"):]).name
 
 
-def victim_url(directory: Path, path_kind: str) -> tuple[str, str]:
+def victim_url(directory: Path, path_kind: str, scheme: str = "file") -> tuple[str, str]:
     """The victim's torch_dist_init_method, and the file name it leads to."""
     if path_kind == "per-job":
-        return f"file://{directory}/", predicted_name(directory)
-    return f"file://{directory}/rdzv", "rdzv"
+        return f"{scheme}://{directory}/", predicted_name(directory)
+    return f"{scheme}://{directory}/rdzv", "rdzv"
 
 
 class Run:
@@ -251,12 +255,13 @@ def private_directory(users: Users, shared: Path) -> Path:
     return shared / f"ldh-uid-{users.uid[VICTIM]}"
 
 
+@pytest.mark.parametrize("scheme", ["file", "dir"])
 @pytest.mark.parametrize("path_kind", ["per-job", "explicit"])
 @pytest.mark.parametrize("directory_kind", ["world-writable-sticky", "group-writable-sticky", "attacker-owned"])
 def test_a_file_planted_at_the_predicted_name_never_joins_the_victims_job(users, base, protections, directory_kind,
-                                                                          path_kind):
+                                                                          path_kind, scheme):
     shared = shared_directory(base, users, directory_kind)
-    url, name = victim_url(shared, path_kind)
+    url, name = victim_url(shared, path_kind, scheme)
     private = private_directory(users, shared)
     # The attacker pre-creates the file, mode 0666, where the victim's job will look for it (in the shared
     # directory itself, and in the victim's per-user directory, whose name holds the public uid), then plays rank 1.
@@ -269,15 +274,16 @@ def test_a_file_planted_at_the_predicted_name_never_joins_the_victims_job(users,
             os.close(os.open(os.path.join(directory, {name!r}), os.O_CREAT | os.O_WRONLY, 0o666))
             os.chmod(os.path.join(directory, {name!r}), 0o666)
     """)
-    run = run_victim_ranks(users, base, url, [0], attacker_rank_url=f"file://{shared}/{name}")
+    run = run_victim_ranks(users, base, url, [0], attacker_rank_url=f"{scheme}://{shared}/{name}")
     refused = shared if directory_kind == "attacker-owned" else private
     assert_refused(run, refused, ATTACKER)
 
 
+@pytest.mark.parametrize("scheme", ["file", "dir"])
 @pytest.mark.parametrize("path_kind", ["per-job", "explicit"])
-def test_a_symlink_at_the_predicted_name_is_never_followed(users, base, protections, path_kind):
+def test_a_symlink_at_the_predicted_name_is_never_followed(users, base, protections, path_kind, scheme):
     shared = shared_directory(base, users, "world-writable-sticky")
-    url, name = victim_url(shared, path_kind)
+    url, name = victim_url(shared, path_kind, scheme)
     private = private_directory(users, shared)
     home = base / f"home-{VICTIM}"
     plant(users, base, f"""
@@ -293,10 +299,13 @@ def test_a_symlink_at_the_predicted_name_is_never_followed(users, base, protecti
     assert created == [], "the victim created files where the attacker's symlink pointed"
 
 
+@pytest.mark.parametrize("scheme, complaint", [("file", "is not a torch FileStore log"),
+                                               ("dir", "does not name a dir:// rendezvous directory")])
 @pytest.mark.parametrize("path_kind", ["per-job", "explicit"])
-def test_junk_in_the_victims_own_leftover_file_is_an_error_not_a_hang(users, base, protections, path_kind):
+def test_junk_in_the_victims_own_leftover_file_is_an_error_not_a_hang(users, base, protections, path_kind, scheme,
+                                                                     complaint):
     shared = shared_directory(base, users, "world-writable-sticky")
-    url, name = victim_url(shared, path_kind)
+    url, name = victim_url(shared, path_kind, scheme)
     private = private_directory(users, shared)
     # A few bytes of junk in a file of the victim's own (a crash mid-write): FileStore would read a huge record
     # length and loop forever holding its lock. Planted where the old and the new code look.
@@ -311,7 +320,7 @@ def test_junk_in_the_victims_own_leftover_file_is_an_error_not_a_hang(users, bas
     assert made.returncode == 0, made.stderr
     run = run_victim_ranks(users, base, url, [0, 1])
     assert_refused(run, private / name, owner=None)
-    assert "is not a torch FileStore log" in run.output
+    assert complaint in run.output
 
 
 # Two ranks of an earlier run of the victim that met through PATH and were killed before cleaning up: the file
@@ -353,16 +362,17 @@ def test_a_valid_log_left_by_the_victims_earlier_run_stops_every_rank_at_once(us
     assert sorted(path.name for path in private.iterdir()) == [name], "claims or drafts were left behind"
 
 
-def test_an_honest_two_rank_run_in_a_world_writable_sticky_directory_trains(users, base):
+@pytest.mark.parametrize("scheme", ["file", "dir"])
+def test_an_honest_two_rank_run_in_a_world_writable_sticky_directory_trains(users, base, scheme):
     shared = shared_directory(base, users, "world-writable-sticky")
-    run = run_victim_ranks(users, base, f"file://{shared}/", [0, 1])
+    run = run_victim_ranks(users, base, f"{scheme}://{shared}/", [0, 1])
     assert run.returncode == 0, run.output
     records = [json.loads(path.read_text()) for path in run.records]
     assert sorted(record["rank"] for record in records) == [0, 1]
     assert len({record["weights_sha256"] for record in records}) == 1
     private = private_directory(users, shared)
     for record in records:
-        assert record["setup_calls"][0]["init_method"].startswith(f"file://{private}/ldh-rendezvous-FLUX_JOB_ID-")
+        assert record["setup_calls"][0]["init_method"].startswith(f"{scheme}://{private}/ldh-rendezvous-FLUX_JOB_ID-")
     assert list(shared.iterdir()) == [], "a clean run leaves the shared directory as it found it"
 
 
@@ -396,6 +406,10 @@ def test_directories_other_users_control_are_refused_at_trainer_construction(use
         f"file://{link}/": (str(link), "is a symbolic link", f"file://{real}/"),
         # A directory created at the victim's explicit file name does not switch to per-job files inside it.
         f"file://{sticky}/rdzv": (str(sticky / "rdzv"), f"owned by {ATTACKER}", "end the URL with a slash"),
+        # dir:// takes the same URLs through the same checks.
+        f"dir://{world_writable}/": (str(world_writable), "without the sticky bit", "chmod +t"),
+        f"dir://{attacker_owned}/": (str(attacker_owned), f"owned by {ATTACKER}", "Use a directory owned by you"),
+        f"dir://{sticky}/rdzv": (str(sticky / "rdzv"), f"owned by {ATTACKER}", "end the URL with a slash ('dir://"),
     }
     done = subprocess.run(
         users.command(VICTIM, [sys.executable, "-c", _TRAINER, *cases]), cwd=real, capture_output=True, text=True,
@@ -617,3 +631,99 @@ def test_a_pre_existing_file_is_used_only_if_it_is_a_private_regular_file_with_o
                                            r"to this user"):
         FileInitMethod().prepare(f"file://{tmp_path}/rdzv", Rank(0))
     assert sorted(entry.name for entry in private.iterdir()) == ["rdzv"], "the claim must not be left behind"
+
+
+# --- dir:// only: its store's directory and key files ---------------------------------------------------------
+
+
+def test_a_leftover_dir_rendezvous_of_the_victims_earlier_run_stops_every_rank_at_once(users, base):
+    # A dir:// run whose ranks and janitors were all killed (a crashed node): its rendezvous file, the store's
+    # directory it names, and gloo's keys in it, but no claim. A new run must never read those keys.
+    shared = shared_directory(base, users, "world-writable-sticky")
+    url, name = victim_url(shared, "explicit", "dir")
+    private = private_directory(users, shared)
+    made = users.python(VICTIM, textwrap.dedent(f"""
+        import os
+        os.mkdir({str(private)!r}, 0o700)
+        store = os.path.join({str(private)!r}, {name!r} + ".0123456789abcdef.d")
+        os.mkdir(store, 0o700)
+        for path, content in ((os.path.join({str(private)!r}, {name!r}), os.path.basename(store).encode()),
+                              (os.path.join(store, "k.0%2F%2Fcpu%2F%2F0%2F1.1"), b"=an earlier run's address")):
+            descriptor = os.open(path, os.O_CREAT | os.O_WRONLY, 0o600)
+            os.write(descriptor, content)
+            os.close(descriptor)
+    """), base / f"home-{VICTIM}")
+    assert made.returncode == 0, made.stderr
+    before = sorted(str(path) for path in private.rglob("*"))
+    run = run_victim_ranks(users, base, url, [0, 1])
+    assert_refused(run, private / name, owner=None)
+    assert "exists, but no rank of this run made it" in run.output, run.output
+    assert sorted(str(path) for path in private.rglob("*")) == before, "another run's files are never touched"
+
+
+_STORE_AS_VICTIM = """
+import os, sys
+from datetime import timedelta
+from pathlib import Path
+import torch.distributed as dist
+from lightning_dist_hooks.init_methods import DirectoryStore
+directory = Path(sys.argv[1])
+store = DirectoryStore(os.open(directory, os.O_RDONLY | os.O_DIRECTORY), directory, timedelta(seconds=5))
+for key in ("planted", "linked", "foreign"):
+    try:
+        print(key, "read", store.get(key))
+    except dist.DistStoreError as error:
+        print(key, "refused", error)
+"""
+
+
+def test_key_files_the_victims_store_did_not_write_are_refused(users, base):
+    # The per-user directory keeps other users out of the store's directory; should that fail (an administrator's
+    # mistake, a restored backup), each key file is still checked before use. Here root puts in the victim's store
+    # directory: a key file open to everyone, a symlink at a key's name to a file of the attacker, and a key file
+    # owned by the attacker (mode 0600).
+    store = base / f"home-{VICTIM}" / "store.d"
+    store.mkdir(mode=0o700)
+    os.chown(store, users.uid[VICTIM], users.gid[VICTIM])
+    attackers = base / f"home-{ATTACKER}" / "value"
+    attackers.write_bytes(b"=attacker's address")
+    os.chown(attackers, users.uid[ATTACKER], users.gid[ATTACKER])
+    attackers.chmod(0o644)
+    (store / "k.planted.1").write_bytes(b"=attacker's address")
+    (store / "k.planted.1").chmod(0o666)
+    os.chown(store / "k.planted.1", users.uid[VICTIM], users.gid[VICTIM])
+    (store / "k.linked.1").symlink_to(attackers)
+    (store / "k.foreign.1").write_bytes(b"=attacker's address")
+    (store / "k.foreign.1").chmod(0o600)
+    os.chown(store / "k.foreign.1", users.uid[ATTACKER], users.gid[ATTACKER])
+    done = users.python(VICTIM, _STORE_AS_VICTIM.replace("sys.argv[1]", repr(str(store))), base / f"home-{VICTIM}")
+    assert done.returncode == 0, done.stderr[-3000:]
+    lines = dict(line.split(" ", 1) for line in done.stdout.strip().splitlines())
+    assert lines["planted"].startswith("refused") and "mode 0o666" in lines["planted"], lines
+    assert lines["linked"].startswith("refused") and "is a symbolic link" in lines["linked"], lines
+    assert lines["foreign"].startswith("refused") and f"uid {users.uid[ATTACKER]}" in lines["foreign"], lines
+    assert "attacker" not in done.stdout.replace(str(base / f"home-{ATTACKER}"), ""), "nothing of it was read"
+
+
+_KILLED_DIR_RANK = """
+import os, signal, sys
+sys.path.insert(0, {tests!r})
+from helpers import Rank
+from lightning_dist_hooks.init_methods import DirInitMethod
+rendezvous = DirInitMethod().prepare({url!r}, Rank(0))
+rendezvous.store.set("key", b"value")
+print(rendezvous.file.parent, flush=True)
+os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+def test_the_victims_janitor_removes_the_store_directory_of_its_killed_rank(users, base):
+    shared = shared_directory(base, users, "world-writable-sticky")
+    code = _KILLED_DIR_RANK.format(tests=str(REPO / "tests"), url=f"dir://{shared}/rdzv")
+    killed = users.python(VICTIM, code, base / f"home-{VICTIM}")
+    assert killed.returncode == -9, killed.stderr[-3000:]
+    private = Path(killed.stdout.strip())
+    deadline = time.monotonic() + 20
+    while private.exists() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert list(shared.iterdir()) == [], "the janitor left the store's directory, its keys, the file or the claim"

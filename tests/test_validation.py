@@ -20,7 +20,7 @@ from lightning_dist_hooks.backends import check_backend_fits_devices
 from helpers import PYTORCH_LIGHTNING, both_packages
 
 # Part of the fast subset .ci/compat runs at the ends of the supported version ranges.
-pytestmark = pytest.mark.compat
+pytestmark = [pytest.mark.compat, pytest.mark.unit]
 
 
 def make_trainer(package=PYTORCH_LIGHTNING, **kwargs):
@@ -135,8 +135,8 @@ def test_backend_must_be_a_string():
 @pytest.mark.parametrize(
     ("init_method", "message"),
     [
-        ("udp://127.0.0.1:1234", r"unknown scheme 'udp'. Use one of: env://, file://, mpi://, tcp://"),
-        ("127.0.0.1:1234", r"has no scheme. Use one of: env://, file://, mpi://, tcp://"),
+        ("udp://127.0.0.1:1234", r"unknown scheme 'udp'. Use one of: dir://, env://, file://, mpi://, tcp://"),
+        ("127.0.0.1:1234", r"has no scheme. Use one of: dir://, env://, file://, mpi://, tcp://"),
         ("tcp://127.0.0.1", r"needs a port between 1 and 65535"),
         ("tcp://127.0.0.1:0", r"needs a port between 1 and 65535"),
         ("tcp://127.0.0.1:99999", r"needs a port between 1 and 65535"),

@@ -1,10 +1,6 @@
-# Names and addresses of the emulated cluster, shared by cluster-up.sh, cluster-down.sh and cluster/slurm-up.sh.
-# Keep in step with tests/cluster.py.
-MARK="# ldh-cluster"
-BRIDGE=ldh-br0
-BRIDGE_ADDR=198.18.0.254
-SLURMCTLD_PORT=6917
-SLURMD_PORT=6918
-node_name() { echo "ldh-n$1"; }
-node_addr() { echo "198.18.0.$(($1 + 1))"; }
-veth_name() { echo "ldh-v$1"; }
+# Names and addresses of the emulated cluster (from names.env, which tests/cluster.py reads too), for
+# cluster-up.sh, cluster-down.sh and cluster/slurm-up.sh. Node i is $NODE_PREFIX$i at $NODE_SUBNET.(i+1).
+source "$(dirname "${BASH_SOURCE[0]}")/names.env"
+node_name() { echo "$NODE_PREFIX$1"; }
+node_addr() { echo "$NODE_SUBNET.$(($1 + 1))"; }
+veth_name() { echo "$VETH_PREFIX$1"; }

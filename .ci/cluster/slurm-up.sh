@@ -8,33 +8,19 @@ DIR=${LDH_CLUSTER_DIR:-/tmp/ldh-cluster}
 NODES=${LDH_CLUSTER_NODES:-2}
 TIMEOUT=${LDH_SLURM_TIMEOUT:-30}
 source "$HERE/names.sh"
+LOG_PREFIX="cluster slurm-up"
+source "$HERE/../lib/slurm.sh"
 HOST=$(hostname -s)  # slurmctld refuses to start unless SlurmctldHost is this machine's short host name
 export SLURM_CONF=$DIR/slurm/slurm.conf
 
-for cmd in munged slurmctld slurmd sinfo srun; do
-  command -v "$cmd" >/dev/null || { echo "cluster slurm-up: $cmd missing (apt-get install slurm-wlm munge)" >&2; exit 1; }
-done
-
-dump_logs() {
-  for f in "$DIR"/munge/munged.log "$DIR"/slurm/log/*.log; do
-    [ -f "$f" ] && { echo "===== $f"; tail -n 40 "$f"; }
-  done >&2
-}
+require_commands munged slurmctld slurmd sinfo srun
+logs() { dump_logs "$DIR"/munge/munged.log "$DIR"/slurm/log/*.log; }
 
 rm -rf "$DIR/slurm" "$DIR/munge"
 mkdir -p "$DIR/slurm/state" "$DIR/slurm/log" "$DIR/munge"
 
-# The munge key of .ci/slurm-up.sh (created there or by the package), our own munged on a private socket.
-if [ ! -s /etc/munge/munge.key ]; then
-  mkdir -p /etc/munge
-  dd if=/dev/urandom of=/etc/munge/munge.key bs=1024 count=1 status=none
-  chown munge:munge /etc/munge/munge.key
-  chmod 0400 /etc/munge/munge.key
-fi
-chown munge:munge "$DIR/munge"
-runuser -u munge -- munged \
-  --socket="$DIR/munge/munge.socket.2" --pid-file="$DIR/munge/munged.pid" \
-  --log-file="$DIR/munge/munged.log" --seed-file="$DIR/munge/munged.seed" || { dump_logs; exit 1; }
+# The machine's munge key (shared with .ci/slurm-up.sh), our own munged on a private socket.
+start_munged "$DIR/munge" || { logs; exit 1; }
 
 node_lines=""
 for i in $(seq 0 $((NODES - 1))); do
@@ -44,22 +30,11 @@ sed -e "s|@HOST@|$HOST|g" -e "s|@DIR@|$DIR|g" -e "s|@BRIDGE_ADDR@|$BRIDGE_ADDR|g
     -e "s|@CTLD_PORT@|$SLURMCTLD_PORT|g" -e "s|@SLURMD_PORT@|$SLURMD_PORT|g" \
     -e "/@NODE_LINES@/{r /dev/stdin" -e "d}" "$HERE/slurm.conf.in" > "$SLURM_CONF" <<< "$node_lines"
 
-slurmctld || { dump_logs; exit 1; }
+slurmctld || { logs; exit 1; }
 for i in $(seq 0 $((NODES - 1))); do
   # -N: this slurmd is that node, whatever the host name; inside its namespace the host name matches anyway.
-  "$HERE/../cluster-exec.sh" "$(node_name "$i")" slurmd -N "$(node_name "$i")" || { dump_logs; exit 1; }
+  "$HERE/../cluster-exec.sh" "$(node_name "$i")" slurmd -N "$(node_name "$i")" || { logs; exit 1; }
 done
 
-deadline=$((SECONDS + TIMEOUT))
-while true; do
-  idle=$(timeout 5 sinfo -h -N -t idle -o %N 2>/dev/null | sort -u | wc -l || true)
-  [ "$idle" = "$NODES" ] && break
-  if [ $SECONDS -ge $deadline ]; then
-    echo "cluster slurm-up: $NODES nodes not idle after ${TIMEOUT}s" >&2
-    timeout 5 sinfo -N -l >&2 || true
-    dump_logs
-    exit 1
-  fi
-  sleep 0.5
-done
-echo "cluster slurm-up: $NODES slurmd idle (SLURM_CONF=$SLURM_CONF)" >&2
+wait_nodes_ready "$NODES" "$TIMEOUT" || { logs; exit 1; }
+echo "cluster slurm-up: $NODES slurmd ready (SLURM_CONF=$SLURM_CONF)" >&2

@@ -163,8 +163,11 @@ def check_file_privacy(path: Path) -> Verdict:
     return Verdict("private", OK, f"the rendezvous file {described} is private")
 
 
-def check_file_locking(directory: Path) -> Verdict:
-    """torch's FileStore takes ``flock`` on the rendezvous file: some network filesystems refuse it."""
+def check_file_locking(directory: Path, scheme: str, needs_file_locks: bool) -> Verdict:
+    """A scheme that ``needs_file_locks`` (``file://``: torch's FileStore flocks its file) needs a filesystem that has
+    them, which some network filesystems refuse; one that takes none (``dir://``) does not care."""
+    if not needs_file_locks:
+        return Verdict("file-locking", OK, f"{scheme}:// takes no file locks, so it needs none in {directory}")
     try:
         descriptor, probe = tempfile.mkstemp(dir=directory, prefix=".ldh-doctor-lock-")
     except OSError as error:
@@ -185,8 +188,8 @@ def check_file_locking(directory: Path) -> Verdict:
                     FAIL,
                     f"the filesystem of {directory} refuses file locks "
                     f"({name}: {os.strerror(cast(int, error.errno))}), which torch's FileStore needs",
-                    "mount it with locking (NFS: without 'nolock'; Lustre: -o flock), choose another directory, or use "
-                    "tcp:// / env://",
+                    f"use dir://{directory}/ instead of file:// (it needs no file locks), mount the filesystem with "
+                    "locking (NFS: without 'nolock'; Lustre: -o flock), or use tcp:// / env://",
                 )
     finally:
         os.close(descriptor)

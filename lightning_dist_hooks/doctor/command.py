@@ -25,7 +25,6 @@ from datetime import timedelta
 from functools import partial
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
 
 import torch
 import torch.distributed as dist
@@ -45,6 +44,7 @@ from lightning_dist_hooks.doctor.facts import (
 )
 from lightning_dist_hooks.doctor.measure import measure_allreduce
 from lightning_dist_hooks.doctor.sockets import listening_sockets
+from lightning_dist_hooks.init_methods import LIGHTNING_DEFAULT, InitMethod, init_method_handler
 
 # The live line: sooner and more often than a training job's reports, the doctor's timeout being short.
 LIVE_LINE_SCHEDULE = progress.ReportSchedule(first=(5.0,), every=5.0)
@@ -111,25 +111,19 @@ class Checkup:
             # Go on with what the launcher really started, so that the rendezvous and the other checks still run.
             self.devices, self.num_nodes = self.layout.tasks_per_node[0], self.layout.nodes
         self.add(checks.check_mpi4py(self.args.backend, mpi.is_available(), mpi.INSTALL_HINT))
-        directory = self.rendezvous_directory
-        if directory is not None and directory.is_dir():
+        handler = _handler_of(self.args.init_method)
+        directory = None if handler is None else handler.shared_directory(self.args.init_method)
+        if handler is not None and directory is not None and directory.is_dir():
             self.add(checks.check_directory_privacy(directory))
-            self.add(checks.check_file_locking(directory))
-
-    @property
-    def rendezvous_directory(self) -> Path | None:
-        url = self.args.init_method or ""
-        if not url.startswith("file://"):
-            return None
-        path = Path(urlsplit(url).path)
-        return path if url.endswith("/") or path.is_dir() else path.parent
+            self.add(checks.check_file_locking(directory, handler.scheme, handler.needs_file_locks))
 
     # 2. Around the rendezvous -------------------------------------------------------------------------------------
 
     def check_before_rendezvous(self, trainer: Any, backend: str, init_method: str, rank: int, world_size: int) -> None:
         environment = trainer.strategy.cluster_environment
         host = socket.gethostname()
-        file = Path(urlsplit(init_method).path) if init_method.startswith("file://") else None
+        handler = init_method_handler(init_method)
+        file = handler.meeting_path(init_method)
         self.facts = {
             "rank": rank,
             "world_size": world_size,
@@ -156,7 +150,7 @@ class Checkup:
         if file is not None:
             self.add(checks.check_file_privacy(file))
             self.token = _leave_token(file, rank)
-        main = self._main_address_and_port(init_method)
+        main = handler.main_address(init_method)
         if rank == 0 and main is not None:
             address, port = main
             if not _served_by_torchrun_agent(init_method, environment):
@@ -165,17 +159,8 @@ class Checkup:
             self.add(checks.check_main_address(address, host_addresses(address), local, self.spans_nodes))
         self.sockets_before = {each.inode for each in listening_sockets()}
 
-    @staticmethod
-    def _main_address_and_port(init_method: str) -> tuple[str, int] | None:
-        if init_method.startswith("env://"):
-            return os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
-        if init_method.startswith("tcp://"):
-            parts = urlsplit(init_method)
-            return parts.hostname or "", int(parts.port or 0)
-        return None
-
     def check_after_rendezvous(self, device: torch.device) -> None:
-        store = self._main_address_and_port(self.facts["init_method"])
+        store = init_method_handler(self.facts["init_method"]).main_address(self.facts["init_method"])
         store_port = store[1] if store and self.facts["rank"] == 0 else None
         self.facts["listening"] = [
             {
@@ -325,6 +310,15 @@ def _token_path(file: Path, rank: int) -> Path:
 def _tokens_seen(token: Path, world_size: int) -> list[int]:
     file = token.with_name(token.name[len(".ldh-doctor-") :].rsplit(".rank", 1)[0])
     return [rank for rank in range(world_size) if _token_path(file, rank).exists()]
+
+
+def _handler_of(url: str | None) -> InitMethod | None:
+    """The handler of ``url``'s scheme (``env://``'s for none), or None for a scheme nobody registered (the
+    Trainer then names the mistake)."""
+    try:
+        return init_method_handler(url or LIGHTNING_DEFAULT)
+    except KeyError:
+        return None
 
 
 def _served_by_torchrun_agent(init_method: str, environment: Any) -> bool:

@@ -2,11 +2,12 @@
 
 A handler (:class:`InitMethod`) is called once in ``Trainer(...)`` to validate and resolve the URL, and once per
 rank to prepare the rendezvous and, at exit, to finish it. Like ``torch.distributed.rendezvous``, new schemes
-plug in with :func:`register_init_method`; the built-in ``env://``, ``tcp://``, ``file://`` and ``mpi://`` use
-nothing a registered handler could not.
+plug in with :func:`register_init_method`; the built-in ``env://``, ``tcp://``, ``file://``, ``dir://`` and
+``mpi://`` use nothing a registered handler could not.
 """
 
 from lightning_dist_hooks.init_methods._base import (
+    LIGHTNING_DEFAULT,
     AddresslessInitMethod,
     InitMethod,
     Rendezvous,
@@ -16,18 +17,25 @@ from lightning_dist_hooks.init_methods._base import (
     resolve_init_method,
     validate_init_method,
 )
+from lightning_dist_hooks.init_methods._dir import DirInitMethod, DirRendezvous
+from lightning_dist_hooks.init_methods._directory_store import DirectoryStore, FilesystemOperations
 from lightning_dist_hooks.init_methods._file import FileInitMethod, FileRendezvous, rendezvous_file_for_job
 from lightning_dist_hooks.init_methods._mpi import MpiInitMethod
 from lightning_dist_hooks.init_methods._store import EnvInitMethod, TcpInitMethod, TCPStoreInitMethod
 
-for _handler in (EnvInitMethod(), TcpInitMethod(), FileInitMethod(), MpiInitMethod()):
+for _handler in (EnvInitMethod(), TcpInitMethod(), FileInitMethod(), DirInitMethod(), MpiInitMethod()):
     register_init_method(_handler)
 
 __all__ = [
+    "LIGHTNING_DEFAULT",
     "AddresslessInitMethod",
+    "DirInitMethod",
+    "DirRendezvous",
+    "DirectoryStore",
     "EnvInitMethod",
     "FileInitMethod",
     "FileRendezvous",
+    "FilesystemOperations",
     "InitMethod",
     "MpiInitMethod",
     "Rendezvous",

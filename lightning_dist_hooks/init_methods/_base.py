@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
-import warnings
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from pathlib import Path
+from typing import TYPE_CHECKING
 from urllib.parse import SplitResult, urlsplit
 
 if TYPE_CHECKING:  # either Lightning package's; this module imports neither
     from lightning_dist_hooks._lightning_internals import ClusterEnvironment
+
+
+# What Lightning itself uses when torch_dist_init_method is None.
+LIGHTNING_DEFAULT = "env://"
 
 
 @dataclass(frozen=True)
@@ -34,6 +38,10 @@ class InitMethod:
     * :meth:`waiting_for` while it waits, and :meth:`missing_ranks` when it timed out, for the messages;
     * :meth:`finish` on each rank at exit, after the process group is destroyed.
 
+    Besides, the Trainer, the doctor and the progress lines ask every scheme the same questions, never the URL:
+    :attr:`needs_mpi_launch`, :attr:`needs_file_locks`, :meth:`shared_directory`, :meth:`meeting_path` and
+    :meth:`main_address`; the defaults fit a scheme that meets through something no check can see.
+
     Example, a scheme that reads the address of rank 0 from a file written by the job script::
 
         class HostFileInitMethod(InitMethod):
@@ -47,6 +55,24 @@ class InitMethod:
     """
 
     scheme: str = ""
+    # Every rank must be started by an MPI launcher (Trainer(...) checks the launcher's variables).
+    needs_mpi_launch: bool = False
+    # The rendezvous takes file locks in its directory (the doctor checks that flock works there).
+    needs_file_locks: bool = False
+
+    def shared_directory(self, url: str) -> Path | None:
+        """The directory named by ``url`` that every node must share (the doctor checks who controls it), or None."""
+        return None
+
+    def meeting_path(self, url: str) -> Path | None:
+        """The file or directory the ranks of a resolved ``url`` meet through, as named (the doctor checks it is
+        private and the same on every node), or None."""
+        return None
+
+    def main_address(self, url: str) -> tuple[str, int] | None:
+        """Where rank 0 listens for the rendezvous of ``url`` (host, port; read on a rank after :meth:`prepare`), or
+        None when nobody listens."""
+        return None
 
     def validate(self, url: str, parts: SplitResult) -> str:
         """Return the URL to keep, or raise ``ValueError`` naming ``url`` and the fix. Default: keep ``url``."""
@@ -90,16 +116,6 @@ class AddresslessInitMethod(InitMethod):
     # Completes "SCHEME:// takes no address; ..." in the error for a URL that names one: where the address
     # comes from instead, and what to write.
     address_source: str = ""
-
-    def __init_subclass__(cls, **kwargs: Any) -> None:
-        super().__init_subclass__(**kwargs)
-        if "where_ranks_meet" in cls.__dict__:
-            warnings.warn(
-                f"{cls.__name__}.where_ranks_meet is deprecated; name it address_source",
-                DeprecationWarning,
-                stacklevel=2,
-            )
-            cls.address_source = cls.__dict__["where_ranks_meet"]
 
     def validate(self, url: str, parts: SplitResult) -> str:
         if parts.netloc or parts.path not in ("", "/"):
@@ -159,12 +175,18 @@ def validate_init_method(url: str) -> str:
 
 
 def default_init_method_for(backend: str | None) -> str | None:
-    """The URL a registered scheme offers as ``backend``'s natural rendezvous, or None for Lightning's ``env://``."""
-    for handler in _REGISTRY.values():
-        url = handler.default_for_backend(backend)
-        if url is not None:
-            return url
-    return None
+    """The URL a registered scheme offers as ``backend``'s natural rendezvous, or None for Lightning's ``env://``.
+
+    Whatever the order schemes were registered in: two schemes offering different defaults are an error.
+    """
+    offers = {url: handler for handler in _REGISTRY.values() if (url := handler.default_for_backend(backend))}
+    if len(offers) > 1:
+        named = ", ".join(f"{url} ({type(handler).__name__})" for url, handler in offers.items())
+        raise ValueError(
+            f"torch_dist_backend={backend!r}: several init methods offer to be its default ({named}). Pass "
+            "torch_dist_init_method=... to choose, or register only one of those schemes."
+        )
+    return next(iter(offers), None)
 
 
 def resolve_init_method(url: str, cluster_environment: ClusterEnvironment, num_nodes: int) -> str:

@@ -25,7 +25,7 @@ from lightning_dist_hooks.init_methods._private_files import (
     private_file_problem,
     shared_directory_problem,
 )
-from lightning_dist_hooks.janitor import Janitor
+from lightning_dist_hooks.janitor import Janitor, remove_entry
 from lightning_dist_hooks.launches import launch_identity, no_identity_shared_by_nodes
 
 if TYPE_CHECKING:  # either Lightning package's; this module imports neither
@@ -98,6 +98,14 @@ class FileInitMethod(InitMethod):
     """
 
     scheme = "file"
+    needs_file_locks = True  # torch's FileStore flocks its one file
+
+    def shared_directory(self, url: str) -> Path | None:
+        path = Path(urlsplit(url).path)
+        return path if url.endswith("/") else path.parent
+
+    def meeting_path(self, url: str) -> Path | None:
+        return Path(urlsplit(url).path)
 
     def validate(self, url: str, parts: SplitResult) -> str:
         path = Path(parts.path)
@@ -113,7 +121,7 @@ class FileInitMethod(InitMethod):
         if not per_launch and entry is not None and stat.S_ISDIR(entry.st_mode):
             raise ValueError(
                 f"torch_dist_init_method={url!r} names {describe(path, entry)}, not a file. For one file "
-                f"per launch inside it, end the URL with a slash ('file://{path}/'); otherwise name a file."
+                f"per launch inside it, end the URL with a slash ('{self.scheme}://{path}/'); otherwise name a file."
             )
         if not directory.is_dir():
             raise ValueError(
@@ -128,7 +136,7 @@ class FileInitMethod(InitMethod):
                 f"torch_dist_init_method={url!r}: the directory {str(directory)!r} is not writable by this user, "
                 "so the rendezvous file cannot be created there. Choose a directory you can write to."
             )
-        return f"file://{path}/" if per_launch else f"file://{path}"
+        return f"{self.scheme}://{path}/" if per_launch else f"{self.scheme}://{path}"
 
     def resolve(self, url: str, cluster_environment: ClusterEnvironment, num_nodes: int) -> str:
         if not url.endswith("/"):
@@ -139,16 +147,16 @@ class FileInitMethod(InitMethod):
             raise ValueError(
                 f"torch_dist_init_method={url!r}: {type(cluster_environment).__name__} names no job to call the "
                 "rendezvous file after, so the ranks could not agree on one without talking to each other. Name a "
-                f"file unique to this run instead, e.g. 'file://{directory}run42' (a per-job file needs SLURM, Flux, "
-                "LSF, PBS, torchrun, OpenMPI's mpirun, or Lightning's own launcher)."
+                f"file unique to this run instead, e.g. '{self.scheme}://{directory}run42' (a per-job file needs "
+                "SLURM, Flux, LSF, PBS, torchrun, OpenMPI's mpirun, or Lightning's own launcher)."
             )
         reason = no_identity_shared_by_nodes(cluster_environment, num_nodes)
         if reason is not None:
             raise ValueError(
                 f"torch_dist_init_method={url!r} with num_nodes={num_nodes}: {reason}, so the nodes would each wait "
                 f"for their own rendezvous file until the timeout. Name a file unique to this run instead, e.g. "
-                f"'file://{directory}run42' (the same on every node), or launch with a launcher that names the "
-                "job on every node (srun, torchrun --rdzv-id, mpirun)."
+                f"'{self.scheme}://{directory}run42' (the same on every node), or launch with a launcher that names "
+                "the job on every node (srun, torchrun --rdzv-id, mpirun)."
             )
         return rendezvous_file_for_job(url, identity)
 
@@ -161,7 +169,7 @@ class FileInitMethod(InitMethod):
         """
         if url.endswith("/"):
             return url
-        return f"file://{_private_path(Path(urlsplit(url).path))}"
+        return f"{self.scheme}://{_private_path(Path(urlsplit(url).path))}"
 
     def prepare(self, url: str, cluster_environment: ClusterEnvironment) -> FileRendezvous:
         requested = Path(urlsplit(url).path)
@@ -176,7 +184,7 @@ class FileInitMethod(InitMethod):
         path = _private_path(requested)
         directory = path.parent
         rendezvous = FileRendezvous(
-            f"file://{path}",
+            f"{self.scheme}://{path}",
             file=path,
             claim=directory / _claim_name(requested.name, rank),
             shared_fd=shared_fd,
@@ -187,7 +195,7 @@ class FileInitMethod(InitMethod):
         try:
             claim_fd = self._claim(url, rendezvous, rank)
             try:
-                file_fd = _create_or_join(url, rendezvous, rank, cluster_environment.world_size(), claim_fd)
+                file_fd = _create_or_join(self, url, rendezvous, rank, cluster_environment.world_size(), claim_fd)
                 try:
                     rendezvous.own(path.name, file_fd)
                 finally:
@@ -207,6 +215,18 @@ class FileInitMethod(InitMethod):
             descriptor = _take_over_stale_claim(url, rendezvous, rank)
         rendezvous.own(name, descriptor)
         return descriptor
+
+    def fill_draft(self, rendezvous: FileRendezvous, draft_fd: int) -> None:
+        """Write what the rendezvous file starts with into the draft, before it can appear under its name (a
+        FileStore starts from an empty file: nothing)."""
+
+    def draft_lost(self, rendezvous: FileRendezvous, draft_fd: int) -> None:
+        """Undo :meth:`fill_draft` when a peer's draft became the rendezvous file instead of this rank's."""
+
+    def content_problem(self, rendezvous: FileRendezvous, descriptor: int) -> str | None:
+        """Why the rendezvous file a peer made, open as ``descriptor``, cannot be used; None if it can."""
+        problem = _filestore_log_problem(descriptor)
+        return None if problem is None else f"{rendezvous.file} {problem}"
 
     def waiting_for(self, rendezvous: Rendezvous, world_size: int) -> list[int] | None:
         assert isinstance(rendezvous, FileRendezvous)
@@ -236,7 +256,7 @@ class FileInitMethod(InitMethod):
         # directory), which is why that peer removes it by name too.
         for name in reversed(rendezvous.owned):
             try:
-                os.unlink(name, dir_fd=rendezvous.directory_fd)
+                remove_entry(rendezvous.directory_fd, name)
             except FileNotFoundError:
                 pass
             except OSError as error:
@@ -337,7 +357,9 @@ def _take_over_stale_claim(url: str, rendezvous: FileRendezvous, rank: int) -> i
     return descriptor
 
 
-def _create_or_join(url: str, rendezvous: FileRendezvous, rank: int, world_size: int, claim_fd: int) -> int:
+def _create_or_join(
+    handler: FileInitMethod, url: str, rendezvous: FileRendezvous, rank: int, world_size: int, claim_fd: int
+) -> int:
     """Make the rendezvous file, or join the one a peer made; either way this rank's claim records it after.
 
     The maker's claim is written once, before the file appears, and never again: peers joining at any moment
@@ -351,6 +373,7 @@ def _create_or_join(url: str, rendezvous: FileRendezvous, rank: int, world_size:
         os.unlink(draft, dir_fd=directory_fd)
         draft_fd = os.open(draft, _CREATE | os.O_RDWR, 0o600, dir_fd=directory_fd)
     rendezvous.own(draft, draft_fd)
+    handler.fill_draft(rendezvous, draft_fd)
     # Recorded, and on a network filesystem flushed to where other nodes read it, before the file can be seen.
     _record_identity(claim_fd, os.fstat(draft_fd))
     os.fsync(claim_fd)
@@ -362,14 +385,15 @@ def _create_or_join(url: str, rendezvous: FileRendezvous, rank: int, world_size:
     os.unlink(draft, dir_fd=directory_fd)
     if created:
         return draft_fd
+    handler.draft_lost(rendezvous, draft_fd)
     os.close(draft_fd)
-    descriptor = _join_existing(url, rendezvous, world_size)
+    descriptor = _join_existing(handler, url, rendezvous, world_size)
     _record_identity(claim_fd, os.fstat(descriptor))
     return descriptor
 
 
-def _join_existing(url: str, rendezvous: FileRendezvous, world_size: int) -> int:
-    """Open the file at the rendezvous name, after checking it is ours, this launch's, and a FileStore log."""
+def _join_existing(handler: FileInitMethod, url: str, rendezvous: FileRendezvous, world_size: int) -> int:
+    """Open the file at the rendezvous name, after checking it is ours, this launch's, and what its maker writes."""
     name = rendezvous.file.name
     try:
         descriptor = os.open(name, _OPEN_EXISTING | os.O_NONBLOCK, dir_fd=rendezvous.directory_fd)
@@ -391,8 +415,7 @@ def _join_existing(url: str, rendezvous: FileRendezvous, world_size: int) -> int
                 status = os.fstat(descriptor)
         problem = private_file_problem(rendezvous.file, status, links=links)
         if problem is None:
-            log_problem = _filestore_log_problem(descriptor)
-            problem = None if log_problem is None else f"{rendezvous.file} {log_problem}"
+            problem = handler.content_problem(rendezvous, descriptor)
         if problem is None and recorded_by is None:
             problem = _made_by_no_rank(rendezvous.file, world_size)
     except BaseException:

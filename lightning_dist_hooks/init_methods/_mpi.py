@@ -10,6 +10,7 @@ class MpiInitMethod(AddresslessInitMethod):
     """``mpi://``, for the MPI backends (``"mpi"``, ``"mpi4py"``) only, and their default."""
 
     scheme = "mpi"
+    needs_mpi_launch = True
     address_source = "rank and world size come from mpirun. Use 'mpi://'."
 
     def check_backend(self, url: str, backend: str | None) -> None:

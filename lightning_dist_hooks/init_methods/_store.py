@@ -7,7 +7,7 @@ import os
 import re
 import socket
 from typing import TYPE_CHECKING
-from urllib.parse import SplitResult
+from urllib.parse import SplitResult, urlsplit
 
 from lightning_dist_hooks.init_methods._base import AddresslessInitMethod, InitMethod, Rendezvous
 
@@ -38,6 +38,9 @@ class EnvInitMethod(AddresslessInitMethod, TCPStoreInitMethod):
         "Use 'env://', or 'tcp://HOST:PORT' to name one."
     )
 
+    def main_address(self, url: str) -> tuple[str, int] | None:
+        return os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
+
     def prepare(self, url: str, cluster_environment: ClusterEnvironment) -> Rendezvous:
         # Exactly what Lightning's own ``_init_dist_connection`` does before ``init_process_group``.
         os.environ["MASTER_ADDR"] = cluster_environment.main_address
@@ -54,6 +57,10 @@ class TcpInitMethod(TCPStoreInitMethod):
     """``tcp://HOST:PORT``: rank 0 listens on HOST:PORT, the other ranks connect to it."""
 
     scheme = "tcp"
+
+    def main_address(self, url: str) -> tuple[str, int] | None:
+        parts = urlsplit(url)
+        return parts.hostname or "", int(parts.port or 0)
 
     def validate(self, url: str, parts: SplitResult) -> str:
         host = parts.hostname or ""

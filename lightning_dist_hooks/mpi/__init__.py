@@ -28,9 +28,10 @@ import torch.distributed as dist
 from packaging.specifiers import SpecifierSet
 
 from ..supported_versions import MPI_TRANSPORT_TORCH
+from ._abort import note_failure
 from ._launch import MpiLaunch, detect_mpi_launch, launched_by_mpi
 from ._mpi import INSTALL_HINT, init_mpi, mpi4py_importable
-from ._process_group import BACKEND_NAME, MpiProcessGroup, create_process_group
+from ._process_group import BACKEND_NAME, MpiProcessGroup, new_mpi_process_group
 from ._rendezvous import INIT_METHOD, SCHEME, mpi_rendezvous
 
 __all__ = [
@@ -46,6 +47,7 @@ __all__ = [
     "is_available",
     "launched_by_mpi",
     "mpi_init_method",
+    "note_failure",
     "register",
     "torch_fits_the_transport",
 ]
@@ -66,7 +68,7 @@ def register() -> None:
     with _registration_lock:
         if _registered:
             return
-        dist.Backend.register_backend(BACKEND_NAME, create_process_group, extended_api=True, devices=["cpu"])
+        dist.Backend.register_backend(BACKEND_NAME, new_mpi_process_group, extended_api=True, devices=["cpu"])
         dist.register_rendezvous_handler(SCHEME, mpi_rendezvous)
         _registered = True
 

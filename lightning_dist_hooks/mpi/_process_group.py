@@ -604,7 +604,7 @@ def _communicator(mpi: ModuleType, options: dist.distributed_c10d._DistributedBa
     return comm, f"the process group of global ranks {ranks}"
 
 
-def create_process_group(
+def new_mpi_process_group(
     options: dist.distributed_c10d._DistributedBackendOptions, backend_options: object = None
 ) -> MpiProcessGroup:
     """Backend creator registered with ``torch.distributed.Backend.register_backend(..., extended_api=True)``."""
