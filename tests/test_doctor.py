@@ -53,8 +53,8 @@ class DoctorRun:
 
 
 def run_doctor(*flags: str, launcher: tuple[str, ...] = (), env: dict | None = None, cwd: Path,
-               timeout_s: float = TIMEOUT_S) -> DoctorRun:
-    command = ["timeout", str(RUN_TIMEOUT_S), *launcher, *DOCTOR, "--timeout", str(timeout_s), *flags]
+               timeout_s: float = TIMEOUT_S, doctor: tuple[str, ...] = tuple(DOCTOR)) -> DoctorRun:
+    command = ["timeout", str(RUN_TIMEOUT_S), *launcher, *doctor, "--timeout", str(timeout_s), *flags]
     completed = subprocess.run(command, cwd=cwd, env=env or job_environment(), stdin=subprocess.DEVNULL,
                                capture_output=True, text=True, timeout=RUN_TIMEOUT_S + 30)
     return DoctorRun(completed.returncode, completed.stdout, completed.stderr)
@@ -397,11 +397,8 @@ def test_a_scheme_the_user_registers_gets_the_same_checks(tmp_path, mode):
     directory.chmod(mode)
     script = tmp_path / "doctor_with_scratch.py"
     script.write_text(_USER_SCHEME_DOCTOR)
-    command = ["timeout", str(RUN_TIMEOUT_S), sys.executable, str(script), "--devices", "2", "--timeout",
-               str(TIMEOUT_S), "--backend", "gloo", "--init-method", f"scratch://{directory}/", "--json"]
-    completed = subprocess.run(command, cwd=tmp_path, env=job_environment(), stdin=subprocess.DEVNULL,
-                               capture_output=True, text=True, timeout=RUN_TIMEOUT_S + 30)
-    run = DoctorRun(completed.returncode, completed.stdout, completed.stderr)
+    run = run_doctor("--devices", "2", "--backend", "gloo", "--init-method", f"scratch://{directory}/", "--json",
+                     cwd=tmp_path, doctor=(sys.executable, str(script)))
     verdicts = run.verdicts()
     assert verdicts["file-locking"]["status"] == "ok", verdicts
     assert str(directory) in verdicts["file-locking"]["message"]
