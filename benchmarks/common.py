@@ -22,7 +22,12 @@ def _launcher_variables() -> ModuleType:
     """``lightning_dist_hooks.launcher_variables`` loaded alone: through the package it would import Lightning into
     this harness, which forks the ranks it times (bootstrap.py) and would fork a heavier process than it measures."""
     name = "_benchmarks_launcher_variables"
-    spec = importlib.util.spec_from_file_location(name, REPO / "lightning_dist_hooks" / "launcher_variables.py")
+    # The package this interpreter would import (the checkout's, or the installed one where .ci/compat removed it),
+    # found without importing it.
+    package = importlib.util.find_spec("lightning_dist_hooks")
+    assert package is not None and package.submodule_search_locations, "lightning_dist_hooks is not importable"
+    source = Path(next(iter(package.submodule_search_locations))) / "launcher_variables.py"
+    spec = importlib.util.spec_from_file_location(name, source)
     assert spec is not None and spec.loader is not None
     module = sys.modules[name] = importlib.util.module_from_spec(spec)  # dataclasses look their module up there
     spec.loader.exec_module(module)

@@ -563,8 +563,8 @@ def test_ranks_arriving_at_the_same_moment_all_join_the_one_file(tmp_path):
 def test_finish_removes_each_file_on_its_own_and_reports_what_it_could_not(tmp_path, caplog):
     rendezvous = FileInitMethod().prepare(f"file://{tmp_path}/rdzv", Rank(0))
     rendezvous.file.unlink()
-    rendezvous.file.mkdir()  # unlink fails on it
-    (rendezvous.file / "keep").touch()
+    rendezvous.file.mkdir()
+    (rendezvous.file / "keep").mkdir()  # remove_entry removes a directory of files, never one holding a directory
     with caplog.at_level(logging.WARNING):
         FileInitMethod().finish(rendezvous)
     assert not rendezvous.claim.exists(), "the claim must be removed although the file could not be"
