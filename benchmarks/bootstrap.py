@@ -35,7 +35,7 @@ from types import ModuleType
 
 import torch.distributed as dist
 
-from benchmarks.common import REPO, free_ports, in_ms, rotated, summary
+from benchmarks.common import REPO, free_ports, package_module_alone, in_ms, rotated, summary
 
 # "FileStore" and "dir://" are stores passed to init_process_group(store=...): torch's raw FileStore, and dir://'s.
 INIT_METHODS = ["env://", "tcp://", "file://", "FileStore", "dir://"]
@@ -62,16 +62,8 @@ def run(world_sizes: list[int], repetitions: int, workdir: Path, advance) -> dic
 
 
 def _directory_store() -> ModuleType:
-    """``lightning_dist_hooks/init_methods/_directory_store.py`` loaded alone: through the package it would import
-    Lightning into this harness, which forks the ranks it times."""
-    name = "_benchmarks_directory_store"
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(
-            name, REPO / "lightning_dist_hooks" / "init_methods" / "_directory_store.py")
-        assert spec is not None and spec.loader is not None
-        module = sys.modules[name] = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-    return sys.modules[name]
+    """dir://'s store module, loaded alone (it imports only the standard library and torch)."""
+    return package_module_alone("init_methods/_shared_filesystem/directory_store.py")
 
 
 def _rendezvous(method: str, rendezvous_file: Path) -> tuple[str, dict[str, str]]:

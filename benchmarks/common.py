@@ -18,23 +18,24 @@ from typing import Callable, Optional
 REPO = Path(__file__).resolve().parents[1]
 
 
-def _launcher_variables() -> ModuleType:
-    """``lightning_dist_hooks.launcher_variables`` loaded alone: through the package it would import Lightning into
-    this harness, which forks the ranks it times (bootstrap.py) and would fork a heavier process than it measures."""
-    name = "_benchmarks_launcher_variables"
-    # The package this interpreter would import (the checkout's, or the installed one where .ci/compat removed it),
-    # found without importing it.
-    package = importlib.util.find_spec("lightning_dist_hooks")
-    assert package is not None and package.submodule_search_locations, "lightning_dist_hooks is not importable"
-    source = Path(next(iter(package.submodule_search_locations))) / "launcher_variables.py"
-    spec = importlib.util.spec_from_file_location(name, source)
-    assert spec is not None and spec.loader is not None
-    module = sys.modules[name] = importlib.util.module_from_spec(spec)  # dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
+def package_module_alone(relative_path: str) -> ModuleType:
+    """A module of ``lightning_dist_hooks`` loaded alone, e.g. ``"launcher_variables.py"``: through the package it
+    would import Lightning into this harness, which forks the ranks it times (bootstrap.py) and would fork a heavier
+    process than it measures. The file comes from the package this interpreter would import (the checkout's, or the
+    installed one where .ci/compat removed the checkout's), found without importing it."""
+    name = "_benchmarks_" + relative_path.removesuffix(".py").replace("/", "_")
+    if name not in sys.modules:
+        package = importlib.util.find_spec("lightning_dist_hooks")
+        assert package is not None and package.submodule_search_locations, "lightning_dist_hooks is not importable"
+        source = Path(next(iter(package.submodule_search_locations))) / relative_path
+        spec = importlib.util.spec_from_file_location(name, source)
+        assert spec is not None and spec.loader is not None
+        module = sys.modules[name] = importlib.util.module_from_spec(spec)  # dataclasses look their module up there
+        spec.loader.exec_module(module)
+    return sys.modules[name]
 
 
-_without_launcher_variables = _launcher_variables().without_launcher_variables
+_without_launcher_variables = package_module_alone("launcher_variables.py").without_launcher_variables
 
 
 def job_environment(**overrides: str) -> dict[str, str]:

@@ -47,20 +47,33 @@ def _scale_report(source: Path, page: Path) -> str:
     return scale_report.markdown(json.loads(source.read_text()), image_dir=relative)
 
 
+def _scale_summary(source: Path, page: Path) -> str:
+    from benchmarks import scale_report  # matplotlib: only for this block
+
+    return scale_report.summary(json.loads(source.read_text()))
+
+
 def _verbatim(source: Path, page: Path) -> str:
     return f"```\n{source.read_text().rstrip()}\n```\n"
 
 
 RENDERERS: dict[str, Callable[[Path, Path], str]] = {".json": _results_report, ".txt": _verbatim}
-# Results files with a layout of their own, by name (before the suffix decides).
-NAMED_RENDERERS: dict[str, Callable[[Path, Path], str]] = {"rendezvous_scale.json": _scale_report}
+# Results files with a layout of their own, by name (before the suffix decides); NAME#VIEW is another view of one.
+NAMED_RENDERERS: dict[str, Callable[[Path, Path], str]] = {
+    "rendezvous_scale.json": _scale_report,
+    "rendezvous_scale.json#summary": _scale_summary,
+}
 
 
 def render(source: str, page: Path) -> str:
-    """What the block naming ``source`` (a path from the repository root) holds on ``page``."""
-    path = REPO / source
-    if path.name in NAMED_RENDERERS:
-        return NAMED_RENDERERS[path.name](path, page)
+    """What the block naming ``source`` (a path from the repository root, with ``#VIEW`` for another view) holds on
+    ``page``."""
+    path = REPO / source.partition("#")[0]
+    view = Path(source).name
+    if view in NAMED_RENDERERS:
+        return NAMED_RENDERERS[view](path, page)
+    if "#" in source:
+        raise ValueError(f"{page}: no view {view} (known: {', '.join(NAMED_RENDERERS)})")
     if path.suffix not in RENDERERS:
         raise ValueError(f"{page}: no renderer for {source} (known: {', '.join(RENDERERS)})")
     return RENDERERS[path.suffix](path, page)

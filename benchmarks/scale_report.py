@@ -44,6 +44,28 @@ def _operations(results: dict, label: str, size: int, per_rank: bool = True) -> 
     return f"{median:.0f} ({_median([each['max'] for each in samples['operations']]):.0f})"
 
 
+def summary(results: dict, sizes: tuple[int, ...] = (128, 256, 512)) -> str:
+    """The README's few lines: ``dir://`` against raw ``FileStore`` at the largest world sizes, eager and lazy."""
+    lines = [
+        f"Seconds to a first barrier, {results['machine']['cpus']} CPUs, forked ranks, gloo on loopback, median of "
+        f"the run's repetitions (`{results['command']}`, {results['date']}; *lazy*: `TORCH_GLOO_LAZY_INIT=1`):",
+        "",
+        "| world size | FileStore | dir:// | dir:// ÷ FileStore | FileStore lazy | dir:// lazy | dir:// ÷ FileStore, lazy |",
+        "|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for size in sizes:
+        cells = []
+        for variant in ("", " lazy"):
+            stores = [_samples(results, label + variant, size) for label in ("FileStore", "dir://")]
+            if None in stores:
+                cells += ["–"] * 3
+                continue
+            file_store, directory = (_median(samples["seconds"]) for samples in stores if samples is not None)
+            cells += [f"{file_store:.2f}", f"{directory:.2f}", f"{directory / file_store:.2f}"]
+        lines.append(f"| {size} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
 def markdown(results: dict, image_dir: str = "") -> str:
     """The section's Markdown: seconds per store and world size, dir://'s operations per rank, memory, skips."""
     labels = _labels(results)

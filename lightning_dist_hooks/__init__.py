@@ -33,9 +33,9 @@ from lightning_dist_hooks.hooks import (
     lightning_default_sampler,
 )
 from lightning_dist_hooks.init_methods import InitMethod, Rendezvous, register_init_method
+from lightning_dist_hooks.init_methods._shared_filesystem.launches import launch_identity
 from lightning_dist_hooks.launcher_variables import LauncherVariables
-from lightning_dist_hooks.launches import launch_identity
-from lightning_dist_hooks.process_group import DistributedSetupError
+from lightning_dist_hooks.process_group.create import DistributedSetupError
 from lightning_dist_hooks.sampling import SamplerHookError
 from lightning_dist_hooks.trainer import DistributedHooksTrainerMixin
 

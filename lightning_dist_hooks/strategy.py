@@ -19,11 +19,11 @@ import torch.distributed
 from lightning_dist_hooks import _lightning_internals
 from lightning_dist_hooks.backends import check_backend_fits_devices, register_if_mpi4py
 from lightning_dist_hooks.config import ProcessGroupConfig
-from lightning_dist_hooks.exit_grace import hand_the_gil_to_backend_threads_at_exit
 from lightning_dist_hooks.hooks import default_setup_distributed_backend, user_hook
-from lightning_dist_hooks.lost_peers import is_collective_timeout, lost_peers_message
 from lightning_dist_hooks.mpi import note_failure
-from lightning_dist_hooks.process_group import create_process_group
+from lightning_dist_hooks.process_group.create import create_process_group
+from lightning_dist_hooks.process_group.exit_grace import hand_the_gil_to_backend_threads_at_exit
+from lightning_dist_hooks.process_group.lost_peers import is_collective_timeout, lost_peers_message
 
 log = logging.getLogger(__name__)
 

@@ -16,7 +16,7 @@ import torch.distributed as dist
 from lightning_fabric.plugins.environments import LightningEnvironment
 
 from lightning_dist_hooks.init_methods import DirectoryStore, init_method_handler, validate_init_method
-from lightning_dist_hooks.init_methods import _directory_store
+from lightning_dist_hooks.init_methods._shared_filesystem import directory_store
 
 SHORT = timedelta(seconds=0.3)
 
@@ -171,7 +171,7 @@ def test_a_key_file_open_to_others_or_with_two_links_is_refused(directory, tmp_p
         store_in(directory).get("key")
     planted.chmod(0o600)
     os.link(planted, tmp_path / "second-name")  # another name, outside: not an entry's writer about to remove it
-    monkeypatch.setattr(_directory_store, "_SECOND_LINK_WAIT_S", 0.05)
+    monkeypatch.setattr(directory_store, "_SECOND_LINK_WAIT_S", 0.05)
     with pytest.raises(dist.DistStoreError, match=r"mode 0o600, 2 links, not an entry"):
         store_in(directory).get("key")
 

@@ -19,6 +19,7 @@ from lightning_dist_hooks.doctor.checks import (
     merge,
 )
 from lightning_dist_hooks.doctor.facts import LauncherLayout, expand_slurm_counts
+from lightning_dist_hooks.doctor.gathered import gathered_verdicts
 from lightning_dist_hooks.doctor.report import verdict_lines
 from lightning_dist_hooks.doctor.sockets import listening_sockets
 
@@ -84,3 +85,33 @@ def test_mpi_sockets_fail_on_one_node_warn_across_nodes_and_pass_when_none_liste
     assert "--mca btl self,vader" in one_node.fix
     assert check_mpi_sockets("mpi4py", [quiet, listening], spans_nodes=True).status == WARN
     assert check_mpi_sockets("gloo", [listening], spans_nodes=False) is None
+
+
+def gathered_rank(rank, host, *, verdicts=(), tokens_seen=None, listening=(), correct=True, addresses=("10.0.0.1",)):
+    """One rank's facts as all_gather_object hands them to every rank (only what the verdicts after it read)."""
+    return {"rank": rank, "host": host, "host_addresses": list(addresses), "allreduce": {"correct": correct},
+            "listening": [{"socket": each} for each in listening], "tokens_seen": tokens_seen,
+            "verdicts": [verdict.as_dict() for verdict in verdicts]}
+
+
+def test_gathered_verdicts_merge_every_ranks_own_with_those_of_all_ranks_together(tmp_path):
+    ranks = [gathered_rank(0, "node1", verdicts=[Verdict("interfaces", OK, "fine", ranks=[0])], tokens_seen=[0, 1]),
+             gathered_rank(1, "node1", verdicts=[Verdict("interfaces", OK, "fine", ranks=[1])], tokens_seen=[1],
+                           correct=False)]
+    verdicts = gathered_verdicts(ranks, backend="gloo", devices=2, num_nodes=1, launcher_layout_checked=False,
+                                 token_directory=tmp_path)
+    assert [(verdict.check, verdict.status, verdict.ranks) for verdict in verdicts] == [
+        ("all-reduce", FAIL, []), ("shared-directory", FAIL, [1]), ("interfaces", OK, [0, 1]),
+        ("tasks-per-node", OK, []), ("nodes", OK, []), ("host-name", OK, [])]  # no mpi-sockets under gloo
+    assert verdicts[0].message == "the all-reduce gave a wrong sum on ranks [1]"
+    assert verdicts[1].message.startswith(f"{tmp_path} holds the doctor's tokens of ranks [1] only: ranks [0]")
+
+
+def test_gathered_verdicts_see_nodes_by_host_name_when_the_launcher_already_said_how_many():
+    ranks = [gathered_rank(0, "node1", addresses=["127.0.1.1"]), gathered_rank(1, "node2", listening=["0.0.0.0:1025"])]
+    verdicts = gathered_verdicts(ranks, backend="mpi", devices=1, num_nodes=1, launcher_layout_checked=True,
+                                 token_directory=None)
+    # Two hosts though num_nodes=1: node1's loopback name fails, and MPI's listening socket only warns across nodes.
+    assert [(verdict.check, verdict.status, verdict.ranks) for verdict in verdicts] == [
+        ("host-name", FAIL, []), ("mpi-sockets", WARN, [1]), ("all-reduce", OK, [])]
+    assert "['node1'] resolve to a loopback address" in verdicts[0].message

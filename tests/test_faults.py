@@ -25,7 +25,7 @@ from helpers import (FIT_JOB, OPENMPI_MPIRUN, JobResult, Rank, job_environment, 
                      run_command, slurm_environment)
 
 from lightning_dist_hooks.init_methods import FileInitMethod
-from lightning_dist_hooks.janitor import Janitor
+from lightning_dist_hooks.init_methods._shared_filesystem.janitor import Janitor
 
 pytestmark = pytest.mark.slow  # real jobs, and the janitor's own process
 

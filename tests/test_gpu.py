@@ -20,7 +20,7 @@ from helpers import FIT_JOB, PYTORCH_LIGHTNING, REPO, JobResult, both_packages, 
 from lightning_dist_hooks import _lightning_internals
 from lightning_dist_hooks.config import ProcessGroupConfig
 from lightning_dist_hooks.hooks import default_setup_distributed_backend
-from lightning_dist_hooks.process_group import create_process_group
+from lightning_dist_hooks.process_group.create import create_process_group
 from lightning_dist_hooks.strategy import attach_process_group_config
 
 # Part of the fast subset .ci/compat runs at the ends of the supported version ranges.

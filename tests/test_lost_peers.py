@@ -1,4 +1,4 @@
-"""lightning_dist_hooks.lost_peers in one process: who answers through the store, and what is a lost contact.
+"""lightning_dist_hooks.process_group.lost_peers in one process: who answers through the store, and what is a lost contact.
 
 The multi-node behaviour (a node's network cut mid-fit) is tests/test_multinode.py's.
 """
@@ -11,7 +11,7 @@ from datetime import timedelta
 import pytest
 import torch.distributed as dist
 
-from lightning_dist_hooks.lost_peers import is_collective_timeout, lost_peers_message
+from lightning_dist_hooks.process_group.lost_peers import is_collective_timeout, lost_peers_message
 
 pytestmark = pytest.mark.unit
 

@@ -391,7 +391,7 @@ def test_a_node_whose_network_goes_down_mid_fit_ends_every_rank(cluster, tmp_pat
         subprocess.run(["ip", "-n", NODES[1].name, "link", "set", "eth0", "up"], check=True)
     output = processes.output()
     assert all(code not in (0, None) for code in codes.values()), f"{codes}\n{output[-6000:]}"
-    # The collective's timeout, then at most 2 * 5 s + 1 s asking who is still there (lightning_dist_hooks.lost_peers).
+    # The collective's timeout, then at most 2 * 5 s + 1 s asking who is still there (lightning_dist_hooks.process_group.lost_peers).
     assert elapsed < PG_TIMEOUT_S + 11 + 20, output[-6000:]
     node0, node1 = (processes.logs[node.name].read_text() for node in NODES)
     # Node 0 holds rank 0's store: its ranks see who stopped answering. Node 1's ranks cannot reach that store.

@@ -13,7 +13,7 @@ import torch.distributed as dist
 
 from helpers import Rank, job_environment
 from lightning_dist_hooks.init_methods import FileInitMethod, Rendezvous, init_method_handler
-from lightning_dist_hooks.process_group import (
+from lightning_dist_hooks.process_group.create import (
     DistributedSetupError,
     _is_rendezvous_timeout,
     check_default_group,

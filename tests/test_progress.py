@@ -14,7 +14,7 @@ import pytest
 
 from helpers import FIT_JOB, job_environment
 
-from lightning_dist_hooks.progress import ReportSchedule, rendezvous_progress, waiting_message
+from lightning_dist_hooks.process_group.progress import ReportSchedule, rendezvous_progress, waiting_message
 
 FAST = ReportSchedule(first=(0.2, 0.5), every=0.5)
 
@@ -27,7 +27,7 @@ def test_the_schedule_grows_then_repeats_every_minute():
 
 @pytest.mark.unit
 def test_rank_0_reports_the_missing_ranks_at_info_level_while_it_waits(caplog):
-    caplog.set_level(logging.DEBUG, logger="lightning_dist_hooks.progress")
+    caplog.set_level(logging.DEBUG, logger="lightning_dist_hooks.process_group.progress")
     arrived = []
     with rendezvous_progress(0, 4, "file:///shared/rdzv/run42", timedelta(seconds=60),
                              lambda: [rank for rank in (1, 2, 3) if rank not in arrived], FAST):
@@ -43,7 +43,7 @@ def test_rank_0_reports_the_missing_ranks_at_info_level_while_it_waits(caplog):
 
 @pytest.mark.unit
 def test_other_ranks_report_at_debug_level_and_say_when_the_rendezvous_cannot_tell(caplog):
-    caplog.set_level(logging.DEBUG, logger="lightning_dist_hooks.progress")
+    caplog.set_level(logging.DEBUG, logger="lightning_dist_hooks.process_group.progress")
     with rendezvous_progress(3, 4, "tcp://10.0.0.1:29500", timedelta(seconds=60), lambda: None, FAST):
         time.sleep(0.35)
     (record,) = caplog.records
@@ -55,7 +55,7 @@ def test_other_ranks_report_at_debug_level_and_say_when_the_rendezvous_cannot_te
 
 @pytest.mark.unit
 def test_nothing_is_reported_when_the_wait_ends_before_the_first_report(caplog):
-    caplog.set_level(logging.DEBUG, logger="lightning_dist_hooks.progress")
+    caplog.set_level(logging.DEBUG, logger="lightning_dist_hooks.process_group.progress")
     asked = []
     with rendezvous_progress(0, 2, "env://", timedelta(seconds=60), lambda: asked.append(1) or [1], FAST):
         pass

@@ -1,7 +1,7 @@
 """The doctor's checks: each turns facts into a :class:`Verdict` that says what is wrong and how to fix it.
 
 Checks before the rendezvous need only this rank; they still give their verdict when the rendezvous fails. Checks
-after it read the facts every rank gathered (``ranks``: one dict per rank, see ``doctor.command``).
+after it read the facts every rank gathered (``ranks``: one dict per rank, see ``facts.rank_facts``).
 """
 
 from __future__ import annotations

@@ -17,12 +17,7 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
-import socket
-import sys
-import threading
 from datetime import timedelta
-from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -30,30 +25,25 @@ import torch
 import torch.distributed as dist
 from torch.utils.data import DataLoader
 
-from lightning_dist_hooks import mpi, progress, rendezvous_deadline
+from lightning_dist_hooks import mpi
 from lightning_dist_hooks._lightning_internals import PYTORCH_LIGHTNING
 from lightning_dist_hooks._pytorch_lightning import LightningModule, Trainer
-from lightning_dist_hooks.backends import MPI_BACKENDS, available_backends
 from lightning_dist_hooks.doctor import checks, report
 from lightning_dist_hooks.doctor.checks import FAIL, Verdict
-from lightning_dist_hooks.doctor.facts import (
-    environment_evidence,
-    host_addresses,
-    launcher_layout,
-    network_interfaces,
-)
+from lightning_dist_hooks.doctor.deadline import start_deadline
+from lightning_dist_hooks.doctor.facts import host_addresses, launcher_layout, rank_facts
+from lightning_dist_hooks.doctor.gathered import gathered_verdicts
 from lightning_dist_hooks.doctor.measure import measure_allreduce
-from lightning_dist_hooks.doctor.sockets import listening_sockets
+from lightning_dist_hooks.doctor.sockets import listening_sockets, opened_by
+from lightning_dist_hooks.doctor.tokens import leave_token, tokens_seen
 from lightning_dist_hooks.init_methods import LIGHTNING_DEFAULT, InitMethod, init_method_handler
+from lightning_dist_hooks.process_group import progress, rendezvous_deadline
 
 # The live line: sooner and more often than a training job's reports, the doctor's timeout being short.
 LIVE_LINE_SCHEDULE = progress.ReportSchedule(first=(5.0,), every=5.0)
-# After --timeout plus this, a rank that is still waiting reports what it found and exits 1.
-DEADLINE_GRACE_S = 20.0
 
 # The doctor builds pytorch_lightning's Trainer (through the seam, as everything here).
 DDPStrategy = PYTORCH_LIGHTNING.pytorch_name(".strategies", "DDPStrategy")
-TorchElasticEnvironment = PYTORCH_LIGHTNING.lightning_environment("TorchElasticEnvironment")
 
 
 def parse_arguments(argv: list[str] | None) -> argparse.Namespace:
@@ -102,6 +92,11 @@ class Checkup:
             verdict.ranks = verdict.ranks or ([self.facts["rank"]] if self.facts["rank"] is not None else [])
             self.verdicts.append(verdict)
 
+    def remove_token(self) -> None:
+        """Take this rank's token away, so that the next run in the same directory starts without it."""
+        if self.token is not None:
+            self.token.unlink(missing_ok=True)
+
     # 1. Before the Trainer ----------------------------------------------------------------------------------------
 
     def check_before_trainer(self) -> None:
@@ -120,76 +115,71 @@ class Checkup:
     # 2. Around the rendezvous -------------------------------------------------------------------------------------
 
     def check_before_rendezvous(self, trainer: Any, backend: str, init_method: str, rank: int, world_size: int) -> None:
-        environment = trainer.strategy.cluster_environment
-        host = socket.gethostname()
         handler = init_method_handler(init_method)
         file = handler.meeting_path(init_method)
-        self.facts = {
-            "rank": rank,
-            "world_size": world_size,
-            "local_rank": trainer.local_rank,
-            "node_rank": trainer.node_rank,
-            "pid": os.getpid(),
-            "host": host,
-            "host_addresses": host_addresses(host),
-            "interfaces": network_interfaces(),
-            "gloo_socket_ifname": os.environ.get("GLOO_SOCKET_IFNAME"),
-            "environment": type(environment).__name__,
-            "evidence": environment_evidence(type(environment)),
-            "backend": backend,
-            "backends_available": available_backends(),
-            "init_method": init_method,
-            "rendezvous_file": str(file) if file else None,
-            "listening": [],
-            "allreduce": None,
-            "tokens_seen": None,
-        }
+        self.facts = rank_facts(
+            rank=rank,
+            world_size=world_size,
+            local_rank=trainer.local_rank,
+            node_rank=trainer.node_rank,
+            environment=trainer.strategy.cluster_environment,
+            backend=backend,
+            init_method=init_method,
+            rendezvous_file=file,
+        )
+        # The verdicts before the Trainer were given before this rank knew its rank.
         for verdict in self.verdicts:
             verdict.ranks = verdict.ranks or [rank]
         self.add(checks.check_interfaces(backend, self.facts["interfaces"], self.facts["gloo_socket_ifname"]))
         if file is not None:
             self.add(checks.check_file_privacy(file))
-            self.token = _leave_token(file, rank)
-        main = handler.main_address(init_method)
-        if rank == 0 and main is not None:
-            address, port = main
-            if not _served_by_torchrun_agent(init_method, environment):
-                self.add(checks.check_main_port(port))
-            local = set(self.facts["host_addresses"]) | set(self.facts["interfaces"].values())
-            self.add(checks.check_main_address(address, host_addresses(address), local, self.spans_nodes))
+            self.token = leave_token(file, rank)
+        if rank == 0:
+            self._check_main_address(handler, init_method)
         self.sockets_before = {each.inode for each in listening_sockets()}
 
+    def _check_main_address(self, handler: InitMethod, init_method: str) -> None:
+        """Rank 0's port and address, which every other rank is about to connect to."""
+        main = handler.main_address(init_method)
+        if main is None:
+            return
+        address, port = main
+        if handler.rank_zero_listens(init_method):
+            self.add(checks.check_main_port(port))
+        local = set(self.facts["host_addresses"]) | set(self.facts["interfaces"].values())
+        self.add(checks.check_main_address(address, host_addresses(address), local, self.spans_nodes))
+
     def check_after_rendezvous(self, device: torch.device) -> None:
-        store = init_method_handler(self.facts["init_method"]).main_address(self.facts["init_method"])
-        store_port = store[1] if store and self.facts["rank"] == 0 else None
-        self.facts["listening"] = [
-            {
-                "socket": str(each),
-                "opened_by": _opened_by(each.inode, each.port, self.sockets_before, store_port, self.facts["backend"]),
-            }
-            for each in listening_sockets()
-        ]
+        self.facts["listening"] = self._listening_after_rendezvous()
         self.facts["allreduce"] = measure_allreduce(device)
         if self.token is not None:
-            self.facts["tokens_seen"] = _tokens_seen(self.token, self.facts["world_size"])
+            self.facts["tokens_seen"] = tokens_seen(self.token, self.facts["world_size"])
         self.facts["verdicts"] = [verdict.as_dict() for verdict in self.verdicts]
         ranks: list[Any] = [None] * self.facts["world_size"]
         dist.all_gather_object(ranks, self.facts)
-        everyone = [Verdict(**verdict) for rank in ranks for verdict in rank["verdicts"]]
-        if self.layout is None:
-            everyone += checks.check_hosts(ranks, self.devices, self.num_nodes)
-        spans_nodes = len({rank["host"] for rank in ranks}) > 1 or self.spans_nodes
-        everyone.append(checks.check_host_names(ranks, spans_nodes))
-        everyone.append(checks.check_allreduce(ranks))
-        mpi_sockets = checks.check_mpi_sockets(self.facts["backend"], ranks, spans_nodes)
-        if mpi_sockets is not None:
-            everyone.append(mpi_sockets)
-        if self.token is not None:
-            everyone.append(checks.check_all_tokens(self.token.parent, ranks))
-        verdicts = checks.merge(everyone)
+        verdicts = gathered_verdicts(
+            ranks,
+            backend=self.facts["backend"],
+            devices=self.devices,
+            num_nodes=self.num_nodes,
+            launcher_layout_checked=self.layout is not None,
+            token_directory=None if self.token is None else self.token.parent,
+        )
         self.exit_code = 1 if any(verdict.status == FAIL for verdict in verdicts) else 0
         if self.facts["rank"] == 0:
             print(report.document(ranks, verdicts) if self.args.json else report.table(ranks, verdicts), flush=True)
+
+    def _listening_after_rendezvous(self) -> list[dict[str, str]]:
+        """This rank's listening sockets now, each with what opened it."""
+        store = init_method_handler(self.facts["init_method"]).main_address(self.facts["init_method"])
+        store_port = store[1] if store and self.facts["rank"] == 0 else None
+        return [
+            {
+                "socket": str(each),
+                "opened_by": opened_by(each.inode, each.port, self.sockets_before, store_port, self.facts["backend"]),
+            }
+            for each in listening_sockets()
+        ]
 
     def report_failure(self, error: BaseException, check: str = "rendezvous") -> None:
         """This rank's own findings, when the Trainer or the rendezvous failed: nothing to gather from the others."""
@@ -200,16 +190,20 @@ class Checkup:
         )
         self.add(Verdict(check, FAIL, f"{type(error).__name__}: {error}", fix))
         if self.token is not None:
-            tokens = checks.check_tokens(
-                self.token.parent, _tokens_seen(self.token, self.facts["world_size"]), self.facts["world_size"]
-            )
-            self.add(tokens)
+            world_size = self.facts["world_size"]
+            self.add(checks.check_tokens(self.token.parent, tokens_seen(self.token, world_size), world_size))
         verdicts = checks.merge(self.verdicts)
         print(
             report.document([self.facts], verdicts) if self.args.json else report.local(self.facts, verdicts),
             flush=True,
         )
         self.exit_code = 1
+
+    def report_stuck(self, message: str) -> None:
+        """Report this rank's findings, the reason first, when it is stuck (in the rendezvous inside torch, or in any
+        wait past --timeout): the process ends right after this."""
+        self.report_failure(TimeoutError(message))
+        self.remove_token()
 
 
 class DoctorModule(LightningModule):
@@ -243,11 +237,9 @@ def main(argv: list[str] | None = None) -> int:
         logging.getLogger(name).setLevel(logging.WARNING)  # the table, not Lightning's banners
     progress.schedule = LIVE_LINE_SCHEDULE
     checkup = Checkup(args)
-    rendezvous_deadline.report_stuck = partial(_report_stuck, checkup)
+    rendezvous_deadline.report_stuck = checkup.report_stuck
     checkup.check_before_trainer()
-    deadline = threading.Timer(args.timeout + DEADLINE_GRACE_S, _give_up, args=(checkup, args.timeout))
-    deadline.daemon = True
-    deadline.start()
+    deadline = start_deadline(args.timeout, checkup.report_stuck)
     try:
         try:
             trainer = Trainer(
@@ -272,44 +264,8 @@ def main(argv: list[str] | None = None) -> int:
         checkup.report_failure(error)
     finally:
         deadline.cancel()
-        if checkup.token is not None:
-            checkup.token.unlink(missing_ok=True)
+        checkup.remove_token()
     return checkup.exit_code if checkup.exit_code is not None else 1
-
-
-def _report_stuck(checkup: Checkup, message: str) -> None:
-    # This rank is stuck (in the rendezvous inside torch, or in any wait past --timeout) and the process ends right
-    # after this: report its findings with the reason first.
-    checkup.report_failure(TimeoutError(message))
-    if checkup.token is not None:
-        checkup.token.unlink(missing_ok=True)
-
-
-def _give_up(checkup: Checkup, timeout_s: float) -> None:
-    # Some waits have no timeout of their own: torch's TCPStore client waits forever on a port whose holder
-    # accepts connections but never answers (a port in use by another program).
-    _report_stuck(
-        checkup,
-        f"no result {timeout_s + DEADLINE_GRACE_S:g} s after start (--timeout {timeout_s:g} s "
-        f"plus {DEADLINE_GRACE_S:g} s): this rank is stuck in a wait without a timeout of its own",
-    )
-    os._exit(1)
-
-
-def _leave_token(file: Path, rank: int) -> Path:
-    token = _token_path(file, rank)
-    token.unlink(missing_ok=True)  # a doctor run killed before its cleanup
-    os.close(os.open(token, os.O_CREAT | os.O_EXCL | os.O_WRONLY | os.O_NOFOLLOW, 0o600))
-    return token
-
-
-def _token_path(file: Path, rank: int) -> Path:
-    return file.with_name(f".ldh-doctor-{file.name}.rank{rank}")
-
-
-def _tokens_seen(token: Path, world_size: int) -> list[int]:
-    file = token.with_name(token.name[len(".ldh-doctor-") :].rsplit(".rank", 1)[0])
-    return [rank for rank in range(world_size) if _token_path(file, rank).exists()]
 
 
 def _handler_of(url: str | None) -> InitMethod | None:
@@ -319,25 +275,3 @@ def _handler_of(url: str | None) -> InitMethod | None:
         return init_method_handler(url or LIGHTNING_DEFAULT)
     except KeyError:
         return None
-
-
-def _served_by_torchrun_agent(init_method: str, environment: Any) -> bool:
-    # torchrun's agent already listens on MASTER_PORT and hosts the store that env:// ranks join as clients.
-    return (
-        init_method == "env://"
-        and isinstance(environment, TorchElasticEnvironment)
-        and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
-    )
-
-
-def _opened_by(inode: str, port: int, before: set[str], store_port: int | None, backend: str) -> str:
-    if inode in before:
-        if "mpi4py.MPI" in sys.modules:
-            # Lightning's MPIEnvironment.detect() imports mpi4py.MPI (initialising MPI) whenever mpi4py is installed.
-            return "the MPI library, initialised before the rendezvous"
-        return "open before the rendezvous (the launcher's library or the program)"
-    if port == store_port:
-        return "the rendezvous store (TCPStore) of rank 0"
-    if backend in MPI_BACKENDS:
-        return "the MPI library"
-    return f"the {backend} backend, for connections between ranks"

@@ -9,9 +9,11 @@ import re
 import socket
 import struct
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from lightning_dist_hooks._lightning_internals import PYTORCH_LIGHTNING
+from lightning_dist_hooks.backends import available_backends
 from lightning_dist_hooks.environments import LauncherEnvironment, detect_cluster_environment
 
 if TYPE_CHECKING:
@@ -30,6 +32,45 @@ _LIGHTNING_DETECT_VARIABLES: dict[type, tuple[str, ...]] = {
     LSFEnvironment: ("LSB_JOBID", "LSB_DJOB_RANKFILE", "JSM_NAMESPACE_LOCAL_RANK", "JSM_NAMESPACE_SIZE"),
     LightningEnvironment: ("LOCAL_RANK", "NODE_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"),
 }
+
+
+def rank_facts(
+    *,
+    rank: int,
+    world_size: int,
+    local_rank: int,
+    node_rank: int,
+    environment: ClusterEnvironment,
+    backend: str,
+    init_method: str,
+    rendezvous_file: Path | None,
+) -> dict[str, Any]:
+    """What this rank knows about itself just before the rendezvous: the row it adds to rank 0's table and JSON.
+
+    Plain values only, since every rank's dict travels to the others (``all_gather_object``). ``listening``,
+    ``allreduce`` and ``tokens_seen`` are placeholders until after the rendezvous.
+    """
+    host = socket.gethostname()
+    return {
+        "rank": rank,
+        "world_size": world_size,
+        "local_rank": local_rank,
+        "node_rank": node_rank,
+        "pid": os.getpid(),
+        "host": host,
+        "host_addresses": host_addresses(host),
+        "interfaces": network_interfaces(),
+        "gloo_socket_ifname": os.environ.get("GLOO_SOCKET_IFNAME"),
+        "environment": type(environment).__name__,
+        "evidence": environment_evidence(type(environment)),
+        "backend": backend,
+        "backends_available": available_backends(),
+        "init_method": init_method,
+        "rendezvous_file": str(rendezvous_file) if rendezvous_file else None,
+        "listening": [],
+        "allreduce": None,
+        "tokens_seen": None,
+    }
 
 
 def environment_evidence(environment: type[ClusterEnvironment]) -> dict[str, str]:

@@ -1,11 +1,15 @@
-"""Listening TCP sockets, read from ``/proc`` (Linux): which this process holds, and who holds a given port."""
+"""Listening TCP sockets, read from ``/proc`` (Linux): which this process holds, what opened them, and who holds a
+given port."""
 
 from __future__ import annotations
 
 import ipaddress
 import os
+import sys
 from dataclasses import dataclass
 from pathlib import Path
+
+from lightning_dist_hooks.backends import MPI_BACKENDS
 
 _TCP_LISTEN = "0A"
 
@@ -29,6 +33,27 @@ def listening_sockets(pid: int | str = "self") -> list[ListeningSocket]:
         (socket for socket in _listening_in_namespace_of(pid) if socket.inode in inodes),
         key=lambda socket: (socket.port, socket.address),
     )
+
+
+def opened_by(inode: str, port: int, before: set[str], store_port: int | None, backend: str) -> str:
+    """Who most likely opened this process's listening socket ``inode`` on ``port``, told from when it appeared.
+
+    ``before`` holds the inodes that were listening before the rendezvous; ``store_port`` is rank 0's TCPStore port
+    (None on other ranks). A socket that the rendezvous did not need is what the doctor's verdicts point at.
+
+    >>> opened_by("42", 29500, before=set(), store_port=29500, backend="gloo")
+    'the rendezvous store (TCPStore) of rank 0'
+    """
+    if inode in before:
+        if "mpi4py.MPI" in sys.modules:
+            # Lightning's MPIEnvironment.detect() imports mpi4py.MPI (initialising MPI) whenever mpi4py is installed.
+            return "the MPI library, initialised before the rendezvous"
+        return "open before the rendezvous (the launcher's library or the program)"
+    if port == store_port:
+        return "the rendezvous store (TCPStore) of rank 0"
+    if backend in MPI_BACKENDS:
+        return "the MPI library"
+    return f"the {backend} backend, for connections between ranks"
 
 
 def holders_of_port(port: int) -> list[str]:

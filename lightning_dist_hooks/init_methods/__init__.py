@@ -17,10 +17,11 @@ from lightning_dist_hooks.init_methods._base import (
     resolve_init_method,
     validate_init_method,
 )
-from lightning_dist_hooks.init_methods._dir import DirInitMethod, DirRendezvous
-from lightning_dist_hooks.init_methods._directory_store import DirectoryStore, FilesystemOperations
-from lightning_dist_hooks.init_methods._file import FileInitMethod, FileRendezvous, rendezvous_file_for_job
 from lightning_dist_hooks.init_methods._mpi import MpiInitMethod
+from lightning_dist_hooks.init_methods._shared_filesystem.claims import FileRendezvous
+from lightning_dist_hooks.init_methods._shared_filesystem.dir_scheme import DirInitMethod, DirRendezvous
+from lightning_dist_hooks.init_methods._shared_filesystem.directory_store import DirectoryStore, FilesystemOperations
+from lightning_dist_hooks.init_methods._shared_filesystem.file_scheme import FileInitMethod, rendezvous_file_for_job
 from lightning_dist_hooks.init_methods._store import EnvInitMethod, TcpInitMethod, TCPStoreInitMethod
 
 for _handler in (EnvInitMethod(), TcpInitMethod(), FileInitMethod(), DirInitMethod(), MpiInitMethod()):

@@ -74,6 +74,11 @@ class InitMethod:
         None when nobody listens."""
         return None
 
+    def rank_zero_listens(self, url: str) -> bool:
+        """Whether rank 0's own process opens the listener at :meth:`main_address` (the doctor checks the port is
+        free first); False where a launcher's process holds it and every rank joins as a client."""
+        return self.main_address(url) is not None
+
     def validate(self, url: str, parts: SplitResult) -> str:
         """Return the URL to keep, or raise ``ValueError`` naming ``url`` and the fix. Default: keep ``url``."""
         return url

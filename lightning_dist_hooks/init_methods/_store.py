@@ -41,6 +41,10 @@ class EnvInitMethod(AddresslessInitMethod, TCPStoreInitMethod):
     def main_address(self, url: str) -> tuple[str, int] | None:
         return os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
 
+    def rank_zero_listens(self, url: str) -> bool:
+        # As torch's env:// handler: under torchrun, the agent hosts the store on MASTER_PORT and says so here.
+        return os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True"
+
     def prepare(self, url: str, cluster_environment: ClusterEnvironment) -> Rendezvous:
         # Exactly what Lightning's own ``_init_dist_connection`` does before ``init_process_group``.
         os.environ["MASTER_ADDR"] = cluster_environment.main_address

@@ -21,7 +21,7 @@ import torch.distributed as dist
 from torch.utils.data import DataLoader, Dataset, Sampler
 
 from sockets import established_ipv4_connections, listening_tcp_ports
-from lightning_dist_hooks import exit_grace
+from lightning_dist_hooks.process_group import exit_grace
 from lightning_dist_hooks.environments import LAUNCHER_ENVIRONMENTS
 
 # --package picks the Lightning package the whole job uses (read before main(): the classes below subclass it).

@@ -1,5 +1,5 @@
 """One rank of 2 that joins a gloo group, all-reduces once and exits at once: the pattern that can abort a rank that
-finished, in the interpreter's teardown (see ``lightning_dist_hooks.exit_grace``).
+finished, in the interpreter's teardown (see ``lightning_dist_hooks.process_group.exit_grace``).
 
     python last_collective_job.py RANK INIT_METHOD [--grace]
 """
@@ -12,7 +12,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from lightning_dist_hooks.exit_grace import hand_the_gil_to_backend_threads_at_exit
+from lightning_dist_hooks.process_group.exit_grace import hand_the_gil_to_backend_threads_at_exit
 
 
 def main() -> None:

@@ -21,7 +21,7 @@ if "lightning_dist_hooks" not in sys.modules:
     sys.modules["lightning_dist_hooks"] = _package_root
 
 from lightning_dist_hooks import mpi  # needs the package root above
-from lightning_dist_hooks.exit_grace import hand_the_gil_to_backend_threads_at_exit
+from lightning_dist_hooks.process_group.exit_grace import hand_the_gil_to_backend_threads_at_exit
 
 __all__ = ["init_from_mpi_launch", "mpi"]
 

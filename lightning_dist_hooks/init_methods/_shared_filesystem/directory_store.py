@@ -349,18 +349,21 @@ def _as_bytes(value: bytes | str) -> bytes:
     return value.encode() if isinstance(value, str) else bytes(value)
 
 
+# Each byte of a key's UTF-8 other than a letter, digit, "_" or "-", as "%XX" (str.translate: each rank encodes every
+# peer's key once, and a regular expression per key cost more than the filesystem calls that follow).
+_ESCAPES = {byte: f"%{byte:02X}" for byte in range(256) if not _KEEP.fullmatch(chr(byte))}
+
+
 @functools.lru_cache(maxsize=65536)  # a rank asks for the same keys again and again while it waits
 def _encoded(key: str) -> str:
-    """KEY's characters other than letters, digits, ``_`` and ``-`` written ``%XX``: a file name for it.
+    """KEY's characters other than letters, digits, ``_`` and ``-`` written ``%XX`` (their UTF-8 bytes): a file name.
 
     >>> _encoded("default_pg/0//cpu//rank_3")
     'default_pg%2F0%2F%2Fcpu%2F%2Frank_3'
+    >>> _encoded("é~.")
+    '%C3%A9%7E%2E'
     """
-    encoded = "".join(
-        part if _KEEP.fullmatch(part) else "".join(f"%{byte:02X}" for byte in part.encode())
-        for part in re.split(r"([A-Za-z0-9_-]+)", key)
-        if part
-    )
+    encoded = key.encode().decode("latin-1").translate(_ESCAPES)
     if len(encoded) <= _ENCODED_KEY_MAX:
         return encoded
     # Too long for a file name: a prefix to read, a digest to keep keys apart (marked by "~", never encoded).

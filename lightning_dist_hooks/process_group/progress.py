@@ -11,7 +11,7 @@ prints, from rank 0 at INFO level (every other rank at DEBUG level)::
     rank 0: waiting for 3 of 16 ranks ([5, 9, 12]) through file:///shared/rdzv/run42, 40 s of 1800 s
 
 Reports come after 10 s, 30 s, then every 60 s (:data:`DEFAULT_SCHEDULE`). To see the DEBUG lines of the other
-ranks: ``logging.getLogger("lightning_dist_hooks.progress").setLevel(logging.DEBUG)``.
+ranks: ``logging.getLogger("lightning_dist_hooks.process_group.progress").setLevel(logging.DEBUG)``.
 """
 
 from __future__ import annotations

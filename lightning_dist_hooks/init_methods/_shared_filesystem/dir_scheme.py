@@ -39,10 +39,15 @@ from urllib.parse import parse_qs, urlsplit
 import torch.distributed as dist
 
 from lightning_dist_hooks.init_methods._base import Rendezvous
-from lightning_dist_hooks.init_methods._directory_store import DirectoryStore
-from lightning_dist_hooks.init_methods._file import FileInitMethod, FileRendezvous, _claimed_identity, _identity
-from lightning_dist_hooks.init_methods._private_files import describe, owner_name, private_file_problem
-from lightning_dist_hooks.janitor import remove_entry
+from lightning_dist_hooks.init_methods._shared_filesystem.claims import FileRendezvous, claimed_identity, file_identity
+from lightning_dist_hooks.init_methods._shared_filesystem.directory_store import DirectoryStore
+from lightning_dist_hooks.init_methods._shared_filesystem.file_scheme import FileInitMethod
+from lightning_dist_hooks.init_methods._shared_filesystem.janitor import remove_entry
+from lightning_dist_hooks.init_methods._shared_filesystem.private_files import (
+    describe,
+    owner_name,
+    private_file_problem,
+)
 
 if TYPE_CHECKING:  # either Lightning package's; this module imports neither
     from lightning_dist_hooks._lightning_internals import ClusterEnvironment
@@ -133,7 +138,7 @@ def _open_store_directory(url: str, rendezvous: FileRendezvous) -> tuple[int, st
         # The very file this rank's claim records (checked when it was made or joined); its maker's draft name
         # may still be there, so the links are not counted again.
         problem = private_file_problem(file, status, links=status.st_nlink)
-        if problem is None and _identity(status) != _claimed_identity(rendezvous, rendezvous.claim.name):
+        if problem is None and file_identity(status) != claimed_identity(rendezvous, rendezvous.claim.name):
             problem = f"{file} was replaced after this rank checked it: another run of this user is using the name"
         name = os.pread(descriptor, 256, 0).decode()
     finally:

@@ -17,8 +17,8 @@ from lightning_dist_hooks import _lightning_internals
 from lightning_dist_hooks.config import ProcessGroupConfig
 from lightning_dist_hooks.hooks import takes_device_id
 from lightning_dist_hooks.init_methods import LIGHTNING_DEFAULT, InitMethod, Rendezvous
-from lightning_dist_hooks.progress import missing_ranks_query, rendezvous_progress
-from lightning_dist_hooks.rendezvous_deadline import rendezvous_deadline
+from lightning_dist_hooks.process_group.progress import missing_ranks_query, rendezvous_progress
+from lightning_dist_hooks.process_group.rendezvous_deadline import rendezvous_deadline
 
 # Runs before multiprocessing's own exit handlers of lower priority; the value only orders finalizers.
 _FINISH_PRIORITY = 100

@@ -23,7 +23,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import timedelta
 
-from lightning_dist_hooks.progress import MissingRanks
+from lightning_dist_hooks.process_group.progress import MissingRanks
 
 EXIT_CODE = 1
 
