@@ -194,3 +194,15 @@ def emulated_cluster():
         yield cluster
     finally:
         cluster_down(directory)
+
+
+@pytest.fixture(scope="session")
+def flock_shim(tmp_path_factory) -> Path:
+    """tests/faults/nolock.c built: under LD_PRELOAD, flock() in $LDH_NOLOCK_DIR fails with ENOLCK, or with
+    LDH_NOLOCK_MODE=noop succeeds without locking (a filesystem whose locks do not cross nodes)."""
+    if shutil.which("gcc") is None:
+        pytest.skip("needs gcc to build the flock shim")
+    shim = tmp_path_factory.mktemp("shim") / "nolock.so"
+    subprocess.run(["gcc", "-shared", "-fPIC", "-o", str(shim), str(Path(__file__).parent / "faults" / "nolock.c"),
+                    "-ldl"], check=True)
+    return shim

@@ -230,14 +230,10 @@ def test_a_rendezvous_directory_anyone_can_write_is_not_private(tmp_path, rendez
     assert f"fix: chmod +t {rendezvous_dir} (or o-w), or use a directory of your own" in run.stdout
 
 
-@pytest.mark.skipif(shutil.which("gcc") is None, reason="needs gcc to build the flock shim")
-def test_a_filesystem_without_file_locks(tmp_path, rendezvous_dir):
+def test_a_filesystem_without_file_locks(tmp_path, rendezvous_dir, flock_shim):
     # An LD_PRELOAD shim makes flock() fail with ENOLCK under the rendezvous directory, for the doctor's probe and
     # torch's FileStore alike: what a filesystem mounted without locking does.
-    shim = tmp_path / "nolock.so"
-    subprocess.run(["gcc", "-shared", "-fPIC", "-o", str(shim), str(Path(__file__).parent / "faults" / "nolock.c"),
-                    "-ldl"], check=True)
-    env = job_environment(LD_PRELOAD=str(shim), LDH_NOLOCK_DIR=str(rendezvous_dir))
+    env = job_environment(LD_PRELOAD=str(flock_shim), LDH_NOLOCK_DIR=str(rendezvous_dir))
     run = run_doctor("--devices", "2", "--init-method", f"file://{rendezvous_dir}/", cwd=tmp_path, env=env,
                      timeout_s=FAILING_TIMEOUT_S)
     assert run.returncode == 1, run.output[-6000:]
@@ -247,13 +243,9 @@ def test_a_filesystem_without_file_locks(tmp_path, rendezvous_dir):
         "locking (NFS: without 'nolock'; Lustre: -o flock)" in run.stdout
 
 
-@pytest.mark.skipif(shutil.which("gcc") is None, reason="needs gcc to build the flock shim")
-def test_dir_needs_no_file_locks(tmp_path, rendezvous_dir):
+def test_dir_needs_no_file_locks(tmp_path, rendezvous_dir, flock_shim):
     # The same filesystem without locks: dir:// never takes one, so the doctor passes it and the ranks meet.
-    shim = tmp_path / "nolock.so"
-    subprocess.run(["gcc", "-shared", "-fPIC", "-o", str(shim), str(Path(__file__).parent / "faults" / "nolock.c"),
-                    "-ldl"], check=True)
-    env = job_environment(LD_PRELOAD=str(shim), LDH_NOLOCK_DIR=str(rendezvous_dir))
+    env = job_environment(LD_PRELOAD=str(flock_shim), LDH_NOLOCK_DIR=str(rendezvous_dir))
     run = run_doctor("--devices", "2", "--init-method", f"dir://{rendezvous_dir}/", cwd=tmp_path, env=env)
     assert run.returncode == 0, run.output[-6000:]
     assert f"ok    file-locking: dir:// takes no file locks, so it needs none in {rendezvous_dir}" in run.stdout

@@ -289,18 +289,6 @@ def test_sbatch_on_two_nodes_with_a_per_job_file(slurm, tmp_path, rendezvous_dir
 # ---------------------------------------------------------------- dir:// where flock fails or locks nothing (issue 21)
 
 
-@pytest.fixture(scope="module")
-def flock_shim(tmp_path_factory) -> Path:
-    """tests/faults/nolock.c built: under LD_PRELOAD, flock() in $LDH_NOLOCK_DIR fails with ENOLCK, or with
-    LDH_NOLOCK_MODE=noop succeeds without locking (a filesystem whose locks do not cross nodes)."""
-    if shutil.which("gcc") is None:
-        pytest.skip("needs gcc to build the flock shim")
-    shim = tmp_path_factory.mktemp("shim") / "nolock.so"
-    subprocess.run(["gcc", "-shared", "-fPIC", "-o", str(shim), str(Path(__file__).parent / "faults" / "nolock.c"),
-                    "-ldl"], check=True)
-    return shim
-
-
 _FLOCK_PROBE = """
 import errno, fcntl, os, sys
 first, second = (os.open(os.path.join(sys.argv[1], ".probe"), os.O_CREAT | os.O_RDWR, 0o600) for _ in range(2))
