@@ -35,7 +35,7 @@ from lightning_dist_hooks.doctor.facts import host_addresses, launcher_layout, r
 from lightning_dist_hooks.doctor.gathered import gathered_verdicts
 from lightning_dist_hooks.doctor.measure import measure_allreduce
 from lightning_dist_hooks.doctor.sockets import listening_sockets, opened_by
-from lightning_dist_hooks.doctor.tokens import leave_token, tokens_seen
+from lightning_dist_hooks.doctor.tokens import leave_token, remove_token, tokens_seen
 from lightning_dist_hooks.init_methods import LIGHTNING_DEFAULT, InitMethod, init_method_handler
 from lightning_dist_hooks.process_group import progress, rendezvous_deadline
 
@@ -95,7 +95,7 @@ class Checkup:
     def remove_token(self) -> None:
         """Take this rank's token away, so that the next run in the same directory starts without it."""
         if self.token is not None:
-            self.token.unlink(missing_ok=True)
+            remove_token(self.token)
 
     # 1. Before the Trainer ----------------------------------------------------------------------------------------
 

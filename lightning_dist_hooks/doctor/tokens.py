@@ -7,8 +7,11 @@ two apart: a rank that cannot see some tokens is looking at a different director
 
 from __future__ import annotations
 
+import contextlib
 import os
 from pathlib import Path
+
+from lightning_dist_hooks.init_methods._shared_filesystem.private_files import private_directory_name
 
 _PREFIX = ".ldh-doctor-"
 
@@ -34,3 +37,15 @@ def tokens_seen(token: Path, world_size: int) -> list[int]:
     """The ranks whose tokens this rank sees beside its own ``token``."""
     file = token.with_name(token.name[len(_PREFIX) :].rsplit(".rank", 1)[0])
     return [rank for rank in range(world_size) if token_path(file, rank).exists()]
+
+
+def remove_token(token: Path) -> None:
+    """Remove ``token``, and this user's private rendezvous directory with it when that leaves the directory empty.
+
+    The rendezvous removes the directory after its own last file (``claims.remove_if_empty``); a rank that gives up
+    at the timeout removes its token later than that, which would leave the directory behind.
+    """
+    token.unlink(missing_ok=True)
+    if token.parent.name == private_directory_name():  # never the shared directory a user's own scheme names
+        with contextlib.suppress(OSError):  # not empty: a peer's files or token, each removed by its owner
+            os.rmdir(token.parent)
