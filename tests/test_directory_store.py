@@ -149,6 +149,30 @@ def test_reading_a_key_again_costs_one_look_until_it_changes(directory):
     assert reader.operations.total() == sum(reader.operations.as_dict().values())
 
 
+@pytest.mark.unit
+def test_waits_back_off_further_the_more_ranks_share_the_store(directory):
+    """The longest pause is world_size / 5000 s (10 ms at least), so a job's waiting ranks together look about 5000
+    times a second, however many they are. A 0.6 s wait: a store of 50 ranks looks every 10 ms after its first look,
+    61 looks at most; one of 2500 ranks looks at 0, 0.01, 0.03, 0.07, 0.15, 0.31 and 0.6 s (pauses 10 ms doubling to
+    0.5 s, the last cut short by the timeout), 7 looks at most; the first look is counted twice (wait's own, then its
+    loop's). A store told no world size backs off to 0.1 s, as one of 500 ranks: 11 looks at most."""
+    looks = {}
+    descriptor = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        for world_size in (50, 2500, None):
+            store = DirectoryStore(descriptor, directory, timedelta(seconds=0.6), world_size=world_size)
+            with pytest.raises(dist.DistStoreError, match="Wait timeout"):
+                store.wait(["missing"])
+            looks[world_size] = store.operations.stats
+        with pytest.raises(ValueError, match=r"world_size=0\): a world has one rank at least"):
+            DirectoryStore(descriptor, directory, world_size=0)
+    finally:
+        os.close(descriptor)
+    assert looks[2500] <= 1 + 7, looks
+    assert looks[None] <= 1 + 11, looks
+    assert looks[50] <= 1 + 61 and looks[50] > 3 * looks[2500], looks
+
+
 # --- refusing what is not this user's own -------------------------------------------------------------------------
 
 

@@ -114,7 +114,7 @@ class DirInitMethod(FileInitMethod):
             raise
         prepared = DirRendezvous(
             **{field.name: getattr(rendezvous, field.name) for field in fields(rendezvous)},
-            store=DirectoryStore(store_fd, rendezvous.file.parent / name),
+            store=DirectoryStore(store_fd, rendezvous.file.parent / name, world_size=cluster_environment.world_size()),
             store_fd=store_fd,
         )
         assert prepared.store is not None

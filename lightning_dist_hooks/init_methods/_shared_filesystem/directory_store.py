@@ -24,11 +24,14 @@ between its writer's ``link`` and its removal of the temporary name: a reader se
 waits for it to end). The directory itself is the caller's to check (``_dir.py`` makes it inside this user's
 private directory, where nobody else can create, replace or read an entry).
 
-Waits poll with back-off (10 ms doubling to 100 ms, carried over from one wait to the next) until the store's timeout,
-then raise ``torch.distributed.DistStoreError`` naming the keys, as torch's own stores do.
+Waits poll with back-off (10 ms doubling, carried over from one wait to the next) until the store's timeout, then
+raise ``torch.distributed.DistStoreError`` naming the keys, as torch's own stores do. The longest pause grows with
+the world size, world_size / 5000 seconds (10 ms at least: 0.1 s for 500 ranks, 1 s for 5000), so that all the
+ranks of a job waiting together look about 5000 times a second at most, however many they are: on a shared
+filesystem each look is a request to its metadata server, which the whole cluster shares.
 
     store = DirectoryStore(os.open("/shared/rdzv/ldh-uid-1000/run42.d", os.O_RDONLY | os.O_DIRECTORY),
-                           Path("/shared/rdzv/ldh-uid-1000/run42.d"), timedelta(minutes=5))
+                           Path("/shared/rdzv/ldh-uid-1000/run42.d"), timedelta(minutes=5), world_size=64)
     torch.distributed.init_process_group("gloo", store=store, rank=rank, world_size=world_size)
 
 This module imports only the standard library and torch (the benchmarks load it alone, without Lightning).
@@ -37,7 +40,6 @@ This module imports only the standard library and torch (the benchmarks load it 
 from __future__ import annotations
 
 import errno
-import functools
 import hashlib
 import itertools
 import os
@@ -54,7 +56,8 @@ import torch.distributed as dist
 _CREATE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 _READ = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC
 _FIRST_POLL_S = 0.01
-_LAST_POLL_S = 0.1
+_LOOKS_PER_SECOND = 5000  # by all the ranks of a job together, once their waits have backed off
+_WORLD_SIZE_UNKNOWN = 500  # a store not told its world size backs off as one of 500 ranks does: to 0.1 s
 # How long a reader waits for an entry's writer to remove the temporary second name (microseconds, normally).
 _SECOND_LINK_WAIT_S = 2.0
 _ENCODED_KEY_MAX = 180  # file names hold 255 bytes: the key, its prefix, sequence number and a digest fit
@@ -85,9 +88,13 @@ class DirectoryStore(dist.Store):
     """A store whose keys are files in the directory open as ``directory_fd`` (``path`` names it in messages).
 
     The descriptor stays the caller's to close. ``timeout`` is the store's (torch's ``set_timeout`` changes it).
+    ``world_size``: how many ranks share it, which sets how far their waits back off (see the module's description).
     """
 
-    def __init__(self, directory_fd: int, path: Path, timeout: timedelta = timedelta(minutes=5)) -> None:
+    def __init__(self, directory_fd: int, path: Path, timeout: timedelta = timedelta(minutes=5),
+                 world_size: int | None = None) -> None:  # fmt: skip
+        if world_size is not None and world_size < 1:
+            raise ValueError(f"DirectoryStore(world_size={world_size}): a world has one rank at least")
         super().__init__()
         self.directory_fd = directory_fd
         self.path = path
@@ -103,8 +110,14 @@ class DirectoryStore(dist.Store):
         # starting: a rank that has just waited for one will likely wait for the next, and looking less often than
         # keys arrive finds several at each look (on a shared filesystem each look is a request to its server).
         self._pause = _FIRST_POLL_S
-        # Per key: the last entry folded in, and the value then (None: no value).
-        self._folded: dict[str, tuple[int, bytes | None]] = {}
+        self._longest_pause = max(_FIRST_POLL_S, (world_size or _WORLD_SIZE_UNKNOWN) / _LOOKS_PER_SECOND)
+        # Per key (by its file name): the last entry folded in, and the value then (absent: no value). Two dicts of
+        # ints and bytes rather than one of tuples: the garbage collector tracks tuples and not these, and a rank
+        # forked from a process that imported torch paid for its collections, a few microseconds per peer.
+        self._entries_read: dict[str, int] = {}
+        self._values: dict[str, bytes] = {}
+        # Each key's file name, computed once per key.
+        self._names: dict[str, str] = {}
 
     # --- torch.distributed.Store ---
 
@@ -137,7 +150,7 @@ class DirectoryStore(dist.Store):
             if value is not None and value != expected:
                 return value
             if self._link_entry(key, sequence + 1, b"=" + desired):
-                self._folded[_encoded(key)] = (sequence + 1, desired)
+                self._remember(self._name(key), sequence + 1, desired)
                 return desired
             # Another writer changed the key since it was read: compare against the new value.
 
@@ -158,7 +171,7 @@ class DirectoryStore(dist.Store):
             if value is None:
                 return False
             if self._link_entry(key, sequence + 1, b"-"):
-                self._folded[_encoded(key)] = (sequence + 1, None)
+                self._remember(self._name(key), sequence + 1, None)
                 return True
 
     def num_keys(self) -> int:
@@ -181,13 +194,13 @@ class DirectoryStore(dist.Store):
 
     def _append(self, key: str, change: bytes) -> bytes | None:
         """Add ``change`` as the next entry of ``key``; return the key's value right after it."""
-        sequence, value = self._folded.get(_encoded(key), (0, None))
+        sequence, value = self._remembered(self._name(key))
         if change[:1] != b"=":  # it builds on the current value: start from the newest entry
             sequence, value = self._refresh(key)
         while not self._link_entry(key, sequence + 1, change):
             sequence, value = self._refresh(key)  # a peer took that number: fold its entry in, try the next
         value = _fold(key, value, change)
-        self._folded[_encoded(key)] = (sequence + 1, value)
+        self._remember(self._name(key), sequence + 1, value)
         return value
 
     def _link_entry(self, key: str, sequence: int, change: bytes) -> bool:
@@ -205,7 +218,7 @@ class DirectoryStore(dist.Store):
             os.close(descriptor)
         try:
             self.operations.links += 1
-            os.link(temporary, f"k.{_encoded(key)}.{sequence}", src_dir_fd=self.directory_fd,
+            os.link(temporary, f"k.{self._name(key)}.{sequence}", src_dir_fd=self.directory_fd,
                     dst_dir_fd=self.directory_fd, follow_symlinks=False)  # fmt: skip
             return True
         except FileExistsError:
@@ -214,33 +227,49 @@ class DirectoryStore(dist.Store):
             self.operations.unlinks += 1
             os.unlink(temporary, dir_fd=self.directory_fd)
 
+    def _name(self, key: str) -> str:
+        name = self._names.get(key)
+        if name is None:
+            name = self._names[key] = _encoded(key)
+        return name
+
+    def _remembered(self, name: str) -> tuple[int, bytes | None]:
+        return self._entries_read.get(name, 0), self._values.get(name)
+
+    def _remember(self, name: str, sequence: int, value: bytes | None) -> None:
+        self._entries_read[name] = sequence
+        if value is None:
+            self._values.pop(name, None)
+        else:
+            self._values[name] = value
+
     def _refresh(self, key: str) -> tuple[int, bytes | None]:
         """Fold in the entries of ``key`` added since this process last looked; return (last entry, value)."""
-        return self._refresh_encoded(_encoded(key))
+        return self._refresh_encoded(self._name(key))
 
     def _has_had_value(self, key: str) -> bool:
         """Whether ``key`` has had a value: read up to its first entry with one, not on to its newest (gloo waits for
         a key, then gets it: one look for the newest is enough)."""
-        name = _encoded(key)
-        sequence, value = self._folded.get(name, (0, None))
+        name = self._name(key)
+        sequence, value = self._remembered(name)
         while value is None:
             change = self._read_entry(name, sequence + 1)
             if change is None:
                 return False
             sequence += 1
             value = _fold(name, value, change)
-            self._folded[name] = (sequence, value)
+            self._remember(name, sequence, value)
         return True
 
     def _refresh_encoded(self, name: str) -> tuple[int, bytes | None]:
-        sequence, value = self._folded.get(name, (0, None))
+        sequence, value = self._remembered(name)
         while True:
             change = self._read_entry(name, sequence + 1)
             if change is None:
                 break
             sequence += 1
             value = _fold(name, value, change)
-        self._folded[name] = (sequence, value)
+        self._remember(name, sequence, value)
         return sequence, value
 
     def _read_entry(self, encoded: str, sequence: int) -> bytes | None:
@@ -318,7 +347,7 @@ class DirectoryStore(dist.Store):
                     f"{self.path}: the ranks that set them have not arrived or have failed."
                 )
             time.sleep(min(self._pause, remaining))
-            self._pause = min(self._pause * 2, _LAST_POLL_S)
+            self._pause = min(self._pause * 2, self._longest_pause)
 
 
 def _is_ours(status: os.stat_result, uid: int) -> bool:
@@ -354,7 +383,6 @@ def _as_bytes(value: bytes | str) -> bytes:
 _ESCAPES = {byte: f"%{byte:02X}" for byte in range(256) if not _KEEP.fullmatch(chr(byte))}
 
 
-@functools.lru_cache(maxsize=65536)  # a rank asks for the same keys again and again while it waits
 def _encoded(key: str) -> str:
     """KEY's characters other than letters, digits, ``_`` and ``-`` written ``%XX`` (their UTF-8 bytes): a file name.
 
