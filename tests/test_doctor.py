@@ -13,9 +13,11 @@ import os
 import pwd
 import re
 import shutil
+import signal
 import socket
 import subprocess
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -308,6 +310,32 @@ def test_a_rendezvous_directory_that_differs_between_nodes(tmp_path, rendezvous_
     # The live line, while rank 0 waited for a rank that could never come.
     assert "rank 0: waiting for 1 of 2 ranks ([1]) through file://" in stderr0
     assert list(rendezvous_dir.iterdir()) == []
+
+
+def test_a_doctor_killed_while_it_waits_leaves_nothing_behind(tmp_path, rendezvous_dir, free_port):
+    # Lightning's launcher SIGKILLs its main process (rank 0) within seconds of a child rank's failure: a rank 0
+    # still waiting then never removes its token itself. Here both ranks wait for ranks 2 and 3, which never come,
+    # and are killed together.
+    private = rendezvous_dir / f"ldh-uid-{os.geteuid()}"
+    tokens = [private / f".ldh-doctor-doctor42.rank{rank}" for rank in (0, 1)]
+    environment = job_environment(NODE_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port))
+    flags = ["--timeout", str(TIMEOUT_S), "--init-method", f"file://{rendezvous_dir}/doctor42", "--devices", "2",
+             "--num-nodes", "2"]
+    doctor = subprocess.Popen([*DOCTOR, *flags],
+                              cwd=tmp_path, env=environment, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                              stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        deadline = time.monotonic() + TIMEOUT_S
+        while not all(token.exists() for token in tokens):
+            assert doctor.poll() is None and time.monotonic() < deadline, "both ranks leave their tokens"
+            time.sleep(0.2)
+    finally:
+        os.killpg(doctor.pid, signal.SIGKILL)  # both ranks: the child rank is in its launcher's process group
+        doctor.wait()
+    deadline = time.monotonic() + 10
+    while (left := sorted(rendezvous_dir.rglob("*"))) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert left == [], "the ranks' janitors remove their files, their tokens and the private directory"
 
 
 @pytest.mark.root

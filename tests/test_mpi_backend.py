@@ -10,6 +10,7 @@ import re
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -126,49 +127,64 @@ def test_detect_mpi_launch(environ: dict[str, str], expected: mpi.MpiLaunch | No
 # --- mpirun jobs ------------------------------------------------------------------------------------------------
 
 
+@dataclass(frozen=True)
+class CollectivesJob:
+    """What collectives.py reported: each rank's lines from its own file, and the job's merged output for messages."""
+
+    returncode: int
+    output: str
+    reports: dict[int, list[str]]
+
+    def passed(self, rank: int) -> set[str]:
+        """The names of the checks ``rank`` reports as passed."""
+        prefix = f"rank {rank} passed: "
+        return {line[len(prefix) :] for line in self.reports[rank] if line.startswith(prefix)}
+
+
 @pytest.fixture(scope="module")
-def collectives_job() -> subprocess.CompletedProcess[str]:
+def collectives_job(tmp_path_factory: pytest.TempPathFactory) -> CollectivesJob:
     """One job for collectives.py: every collective against expected values, then reductions against gloo."""
-    return run_mpi(SCRIPTS / "collectives.py")
+    report_dir = tmp_path_factory.mktemp("collectives-reports")
+    job = run_mpi(SCRIPTS / "collectives.py", str(report_dir))
+    reports = {int(file.stem.removeprefix("rank-")): file.read_text().splitlines()
+               for file in report_dir.glob("rank-*.txt")}
+    return CollectivesJob(job.returncode, job.stdout, reports)
+
+
+CHECKS_ON_EVERY_RANK = (
+    "allreduce AVG torch.bfloat16",
+    "allreduce BXOR torch.bool",
+    "allreduce SUM torch.int8 wraps around",
+    "async allreduce future",
+    "reduce_scatter_tensor AVG bfloat16",
+    "all_to_all_single uneven",
+    "non-CPU tensor rejected",
+    "mpi:// refuses a rank that disagrees with MPI",
+)
+CHECKS_ON_RANK_0 = ("recv any source #1 payload", "subgroup allreduce")  # the receiver; the even ranks' group
 
 
 @pytest.mark.slow
 @pytest.mark.mpi
 @pytest.mark.compat
 @needs_mpi
-def test_every_collective_gives_the_expected_values(collectives_job: subprocess.CompletedProcess[str]) -> None:
-    output = collectives_job.stdout
-    assert "FAILED" not in output, output[-8000:]
-    passed = {int(rank): int(count) for rank, count in re.findall(r"rank (\d+): (\d+) checks passed", output)}
-    assert set(passed) == {0, 1}, output[-8000:]
-    for name in (
-        "allreduce AVG torch.bfloat16",
-        "allreduce BXOR torch.bool",
-        "allreduce SUM torch.int8 wraps around",
-        "async allreduce future",
-        "reduce_scatter_tensor AVG bfloat16",
-        "all_to_all_single uneven",
-        "recv any source #1 payload",
-        "subgroup allreduce",
-        "non-CPU tensor rejected",
-        "mpi:// refuses a rank that disagrees with MPI",
-    ):
-        assert name in output
-    assert collectives_job.returncode == 0, output[-8000:]
+def test_every_collective_gives_the_expected_values(collectives_job: CollectivesJob) -> None:
+    output = collectives_job.output[-8000:]
+    assert set(collectives_job.reports) == {0, 1}, output
+    for rank, lines in collectives_job.reports.items():
+        assert not [line for line in lines if "FAILED" in line], output
+        passed = collectives_job.passed(rank)
+        assert f"rank {rank}: {len(passed)} checks passed" in lines, output
+        expected = [*CHECKS_ON_EVERY_RANK, *(CHECKS_ON_RANK_0 if rank == 0 else ())]
+        for name in expected:
+            assert any(name in check for check in passed), f"rank {rank} lacks {name!r}"
+    assert collectives_job.returncode == 0, output
 
 
 ROUTE_OPERATIONS = (
     "allreduce", "broadcast", "all_gather", "all_gather_into_tensor", "gather", "scatter", "reduce", "reduce_scatter",
     "reduce_scatter_tensor", "all_to_all_single", "all_to_all", "barrier", "isend_irecv",
 )
-
-
-def _passed_checks(output: str) -> dict[int, set[str]]:
-    """Per rank, the names of the checks collectives.py reports as passed."""
-    passed: dict[int, set[str]] = {0: set(), 1: set()}
-    for rank, name in re.findall(r"^rank (\d) passed: (.+)$", output, flags=re.MULTILINE):
-        passed[int(rank)].add(name)
-    return passed
 
 
 @pytest.mark.slow
@@ -178,36 +194,39 @@ def _passed_checks(output: str) -> dict[int, set[str]]:
 @pytest.mark.parametrize("route", ["wait", "future"])
 @pytest.mark.parametrize("operation", ROUTE_OPERATIONS)
 def test_every_operation_completes_by_wait_and_by_its_future_on_both_ranks(
-    collectives_job: subprocess.CompletedProcess[str], operation: str, route: str
+    collectives_job: CollectivesJob, operation: str, route: str
 ) -> None:
     # Each at 32 bytes (run on the caller's thread) and 1 MiB (run by the group's queue thread).
-    assert f"FAILED route {operation} " not in collectives_job.stdout, collectives_job.stdout[-8000:]
-    for names in _passed_checks(collectives_job.stdout).values():
-        assert {f"route {operation} small {route}", f"route {operation} queued {route}"} <= names
+    assert set(collectives_job.reports) == {0, 1}, collectives_job.output[-8000:]
+    for rank, lines in collectives_job.reports.items():
+        assert not [line for line in lines if f"FAILED route {operation} " in line], collectives_job.output[-8000:]
+        assert {f"route {operation} small {route}", f"route {operation} queued {route}"} <= collectives_job.passed(rank)
 
 
 @pytest.mark.slow
 @pytest.mark.mpi
 @pytest.mark.compat
 @needs_mpi
-def test_collectives_keep_their_issue_order_across_the_queue(collectives_job: subprocess.CompletedProcess[str]) -> None:
-    for names in _passed_checks(collectives_job.stdout).values():
-        assert "route issue order behind queued collectives" in names, collectives_job.stdout[-8000:]
+def test_collectives_keep_their_issue_order_across_the_queue(collectives_job: CollectivesJob) -> None:
+    output = collectives_job.output[-8000:]
+    assert set(collectives_job.reports) == {0, 1}, output
+    for rank in collectives_job.reports:
+        assert "route issue order behind queued collectives" in collectives_job.passed(rank), output
 
 
 @pytest.mark.slow
 @pytest.mark.mpi
 @needs_mpi
-def test_reductions_and_fsdp_training_are_bitwise_equal_to_gloo(
-    collectives_job: subprocess.CompletedProcess[str],
-) -> None:
-    output = collectives_job.stdout
-    assert "MISMATCH" not in output, output[-8000:]
-    results = re.findall(r"rank (\d+): (\d+) comparisons \((\d+) FSDP parameters\), (\d+) bitwise equal", output)
-    assert sorted(rank for rank, *_ in results) == ["0", "1"], output[-8000:]
-    for _, total, fsdp, equal in results:
-        assert int(total) == int(equal) > 60
-        assert int(fsdp) == 8  # weight and bias of two layers, for FSDP1 and FSDP2
+def test_reductions_and_fsdp_training_are_bitwise_equal_to_gloo(collectives_job: CollectivesJob) -> None:
+    output = collectives_job.output[-8000:]
+    assert set(collectives_job.reports) == {0, 1}, output
+    for rank, lines in collectives_job.reports.items():
+        assert not [line for line in lines if "MISMATCH" in line], output
+        results = [re.fullmatch(rf"rank {rank}: (\d+) comparisons \((\d+) FSDP parameters\), (\d+) bitwise equal", line)
+                   for line in lines]
+        (total, fsdp, equal), = [tuple(map(int, found.groups())) for found in results if found]
+        assert total == equal > 60
+        assert fsdp == 8  # weight and bias of two layers, for FSDP1 and FSDP2
 
 
 def _train_and_inspect_sockets(backend: str, tmp_path: Path) -> tuple[dict[str, torch.Tensor], dict[int, set[int]]]:

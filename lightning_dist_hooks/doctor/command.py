@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import logging
 from datetime import timedelta
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -35,7 +34,7 @@ from lightning_dist_hooks.doctor.facts import host_addresses, launcher_layout, r
 from lightning_dist_hooks.doctor.gathered import gathered_verdicts
 from lightning_dist_hooks.doctor.measure import measure_allreduce
 from lightning_dist_hooks.doctor.sockets import listening_sockets, opened_by
-from lightning_dist_hooks.doctor.tokens import leave_token, remove_token, tokens_seen
+from lightning_dist_hooks.doctor.tokens import Token
 from lightning_dist_hooks.init_methods import LIGHTNING_DEFAULT, InitMethod, init_method_handler
 from lightning_dist_hooks.process_group import progress, rendezvous_deadline
 
@@ -79,7 +78,7 @@ class Checkup:
         self.num_nodes = args.num_nodes or (self.layout.nodes if self.layout else 1)
         self.verdicts: list[Verdict] = []
         self.facts: dict[str, Any] = {"rank": None}
-        self.token: Path | None = None
+        self.token: Token | None = None
         self.exit_code: int | None = None
         self.sockets_before: set[str] = set()
 
@@ -95,7 +94,7 @@ class Checkup:
     def remove_token(self) -> None:
         """Take this rank's token away, so that the next run in the same directory starts without it."""
         if self.token is not None:
-            remove_token(self.token)
+            self.token.remove()
 
     # 1. Before the Trainer ----------------------------------------------------------------------------------------
 
@@ -133,7 +132,7 @@ class Checkup:
         self.add(checks.check_interfaces(backend, self.facts["interfaces"], self.facts["gloo_socket_ifname"]))
         if file is not None:
             self.add(checks.check_file_privacy(file))
-            self.token = leave_token(file, rank)
+            self.token = Token(file, rank)
         if rank == 0:
             self._check_main_address(handler, init_method)
         self.sockets_before = {each.inode for each in listening_sockets()}
@@ -153,7 +152,7 @@ class Checkup:
         self.facts["listening"] = self._listening_after_rendezvous()
         self.facts["allreduce"] = measure_allreduce(device)
         if self.token is not None:
-            self.facts["tokens_seen"] = tokens_seen(self.token, self.facts["world_size"])
+            self.facts["tokens_seen"] = self.token.seen(self.facts["world_size"])
         self.facts["verdicts"] = [verdict.as_dict() for verdict in self.verdicts]
         ranks: list[Any] = [None] * self.facts["world_size"]
         dist.all_gather_object(ranks, self.facts)
@@ -163,7 +162,7 @@ class Checkup:
             devices=self.devices,
             num_nodes=self.num_nodes,
             launcher_layout_checked=self.layout is not None,
-            token_directory=None if self.token is None else self.token.parent,
+            token_directory=None if self.token is None else self.token.path.parent,
         )
         self.exit_code = 1 if any(verdict.status == FAIL for verdict in verdicts) else 0
         if self.facts["rank"] == 0:
@@ -191,7 +190,7 @@ class Checkup:
         self.add(Verdict(check, FAIL, f"{type(error).__name__}: {error}", fix))
         if self.token is not None:
             world_size = self.facts["world_size"]
-            self.add(checks.check_tokens(self.token.parent, tokens_seen(self.token, world_size), world_size))
+            self.add(checks.check_tokens(self.token.path.parent, self.token.seen(world_size), world_size))
         verdicts = checks.merge(self.verdicts)
         print(
             report.document([self.facts], verdicts) if self.args.json else report.local(self.facts, verdicts),

@@ -11,6 +11,7 @@ import os
 import sys
 import types
 from datetime import timedelta
+from pathlib import Path
 
 import torch.distributed as dist
 
@@ -23,7 +24,25 @@ if "lightning_dist_hooks" not in sys.modules:
 from lightning_dist_hooks import mpi  # needs the package root above
 from lightning_dist_hooks.process_group.exit_grace import hand_the_gil_to_backend_threads_at_exit
 
-__all__ = ["init_from_mpi_launch", "mpi"]
+__all__ = ["RankReport", "init_from_mpi_launch", "mpi"]
+
+
+class RankReport:
+    """The lines one rank reports to its test, in a file of the rank's own: ``DIRECTORY/rank-R.txt``.
+
+    mpirun forwards each rank's output in chunks, not in lines, so two ranks' lines on one stream can cut into each
+    other (CI once read ``...bitwise equalrank 1: ...``). A test reads each rank's file; each line is printed too,
+    for a person reading the job's output.
+    """
+
+    def __init__(self, directory: str, rank: int) -> None:
+        self.rank = rank
+        self.path = Path(directory) / f"rank-{rank}.txt"
+
+    def line(self, text: str) -> None:
+        with self.path.open("a") as file:
+            file.write(f"{text}\n")
+        print(text, flush=True)
 
 
 def init_from_mpi_launch(backend: str, timeout_s: float = 60.0) -> tuple[int, int]:

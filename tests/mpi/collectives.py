@@ -1,11 +1,11 @@
 """Every collective and point-to-point operation of the mpi4py backend against values computed locally, then
 its reductions against gloo's (gloo_parity.py), in one job.
 
-Usage (under mpirun, any number of ranks >= 2, MPI_TEST_PORT set for gloo's store): python collectives.py
+Usage (under mpirun, any number of ranks >= 2, MPI_TEST_PORT set for gloo's store): python collectives.py REPORT_DIR
 
-Each rank prints ``FAILED <check>: <why>`` for a wrong result, ``rank R passed: <name>`` for each passed check (a
-line each: a pipe keeps only writes of up to 4 KiB whole, so one long line would interleave with the other rank's)
-and ``rank R: N checks passed``, then the gloo comparison's lines; the exit code is 1 if any check failed or any result differs from gloo's.
+Each rank reports (``_setup.RankReport``: REPORT_DIR/rank-R.txt) ``rank R: FAILED <check>: <why>`` for a wrong
+result, ``rank R passed: <name>`` for each passed check and ``rank R: N checks passed``, then the gloo comparison's
+lines; the exit code is 1 if any check failed or any result differs from gloo's.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import torch.distributed as dist
 import torch.distributed._functional_collectives as funcol
 from torch.distributed import ReduceOp
 
-from _setup import init_from_mpi_launch, mpi
+from _setup import RankReport, init_from_mpi_launch, mpi
 from gloo_parity import compare_with_gloo
 
 FLOAT_DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
@@ -28,8 +28,8 @@ BITWISE_OPS = (ReduceOp.BAND, ReduceOp.BOR, ReduceOp.BXOR)
 
 
 class Checks:
-    def __init__(self, rank: int) -> None:
-        self.rank = rank
+    def __init__(self, report: RankReport) -> None:
+        self.report = report
         self.passed: list[str] = []
         self.failed: list[str] = []
 
@@ -50,7 +50,7 @@ class Checks:
             self.passed.append(name)
         else:
             self.failed.append(name)
-            print(f"rank {self.rank}: FAILED {name}: {why}", flush=True)
+            self.report.line(f"rank {self.report.rank}: FAILED {name}: {why}")
 
 
 def _same(actual: object, expected: object) -> bool:
@@ -433,7 +433,8 @@ def check_rendezvous_refuses_wrong_rank(checks: Checks) -> None:
 
 
 def main() -> None:
-    checks = Checks(mpi.detect_mpi_launch().rank)
+    report = RankReport(sys.argv[1], mpi.detect_mpi_launch().rank)
+    checks = Checks(report)
     check_rendezvous_refuses_wrong_rank(checks)
     rank, world = init_from_mpi_launch("mpi4py")
     for check in (
@@ -449,9 +450,10 @@ def main() -> None:
         check(checks, world)
     dist.barrier()
     dist.destroy_process_group()
-    print("".join(f"rank {rank} passed: {name}\n" for name in checks.passed), end="", flush=True)
-    print(f"rank {rank}: {len(checks.passed)} checks passed", flush=True)
-    equal_to_gloo = compare_with_gloo()
+    for name in checks.passed:
+        report.line(f"rank {rank} passed: {name}")
+    report.line(f"rank {rank}: {len(checks.passed)} checks passed")
+    equal_to_gloo = compare_with_gloo(report)
     sys.exit(1 if checks.failed or not equal_to_gloo else 0)
 
 

@@ -2,7 +2,7 @@
 
 Run by collectives.py (the same job). Reductions run on random data for every dtype and op. gloo is the default
 group, over ``tcp://127.0.0.1:$MPI_TEST_PORT``; the mpi4py backend runs as ``new_group(backend="mpi4py")`` over
-the same ranks. Prints ``MISMATCH ...`` per difference and ``rank R: N comparisons (F FSDP parameters), M bitwise
+the same ranks. Reports ``MISMATCH ...`` per difference and ``rank R: N comparisons (F FSDP parameters), M bitwise
 equal``.
 """
 
@@ -14,7 +14,7 @@ from torch.distributed import ReduceOp
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import FullyShardedDataParallel, fully_shard
 
-from _setup import init_from_mpi_launch, mpi
+from _setup import RankReport, init_from_mpi_launch, mpi
 
 ELEMENTS = 4096
 FLOAT_OPS = (ReduceOp.SUM, ReduceOp.PRODUCT, ReduceOp.MIN, ReduceOp.MAX, ReduceOp.AVG)
@@ -68,7 +68,7 @@ def train_fsdp(version: int, group: dist.ProcessGroup) -> list[torch.Tensor]:
         return [parameter.detach().clone() for parameter in model.parameters()]
 
 
-def compare_with_gloo() -> bool:
+def compare_with_gloo(report: RankReport) -> bool:
     """Return whether every compared result is bitwise equal; needs no process group initialised yet."""
     rank, world = init_from_mpi_launch("gloo")
     mpi.register()  # the transport is registered when first asked for, not at import
@@ -82,7 +82,7 @@ def compare_with_gloo() -> bool:
         if not torch.equal(bits(from_ours), bits(from_gloo)):
             differ = (bits(from_ours) != bits(from_gloo)).sum().item()
             mismatches.append(name)
-            print(f"rank {rank}: MISMATCH {name}: {differ} differing bytes", flush=True)
+            report.line(f"rank {rank}: MISMATCH {name}: {differ} differing bytes")
 
     cases = [(dtype, FLOAT_OPS) for dtype in FLOAT_EXPONENTS]
     cases += [(dtype, INTEGER_OPS) for dtype in INTEGER_DTYPES]
@@ -117,5 +117,5 @@ def compare_with_gloo() -> bool:
     dist.destroy_process_group()
     fsdp = sum(name.startswith("FSDP") for name in compared)
     equal = len(compared) - len(mismatches)
-    print(f"rank {rank}: {len(compared)} comparisons ({fsdp} FSDP parameters), {equal} bitwise equal", flush=True)
+    report.line(f"rank {rank}: {len(compared)} comparisons ({fsdp} FSDP parameters), {equal} bitwise equal")
     return not mismatches

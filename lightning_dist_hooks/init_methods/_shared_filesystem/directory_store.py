@@ -21,7 +21,7 @@ with the number of times it asks.
 Every entry is opened relative to the directory's descriptor with ``O_NOFOLLOW`` and checked before its content
 is used: a regular file of this user, no access for group or others, one link (an entry has two links only
 between its writer's ``link`` and its removal of the temporary name: a reader sees that for microseconds, and
-waits for it to end). The directory itself is the caller's to check (``_dir.py`` makes it inside this user's
+waits for it to end). The directory itself is the caller's to check (``dir_scheme`` makes it inside this user's
 private directory, where nobody else can create, replace or read an entry).
 
 Waits poll with back-off (10 ms doubling, carried over from one wait to the next) until the store's timeout, then
