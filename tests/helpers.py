@@ -11,6 +11,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
@@ -196,3 +197,12 @@ def processes_mentioning(text: str) -> dict[int, str]:
         if text in command:
             found[int(cmdline.parent.name)] = command
     return found
+
+
+def wait_until_empty(directory: Path, within_s: float = 10) -> list[Path]:
+    """Everything left in ``directory``, however deep, once it is empty or ``within_s`` has passed (a janitor's
+    removal may land just after its rank is gone)."""
+    deadline = time.monotonic() + within_s
+    while (left := sorted(directory.rglob("*"))) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return left

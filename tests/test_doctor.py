@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from helpers import job_environment, needs_mpi, needs_openmpi, openmpi_run, slurm_environment
+from helpers import job_environment, needs_mpi, needs_openmpi, openmpi_run, slurm_environment, wait_until_empty
 
 pytestmark = pytest.mark.slow  # every test starts the doctor, most under a launcher
 
@@ -332,10 +332,7 @@ def test_a_doctor_killed_while_it_waits_leaves_nothing_behind(tmp_path, rendezvo
     finally:
         os.killpg(doctor.pid, signal.SIGKILL)  # both ranks: the child rank is in its launcher's process group
         doctor.wait()
-    deadline = time.monotonic() + 10
-    while (left := sorted(rendezvous_dir.rglob("*"))) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert left == [], "the ranks' janitors remove their files, their tokens and the private directory"
+    assert wait_until_empty(rendezvous_dir) == [], "the janitors remove the ranks' files, tokens and private directory"
 
 
 @pytest.mark.root

@@ -31,7 +31,7 @@ from pathlib import Path
 import pytest
 
 from cluster import CLUSTER_RSH, NODE_ADDRESSES, NODES, EmulatedCluster, start_on_nodes
-from helpers import FIT_JOB, JobResult, job_environment, processes_mentioning, run_command
+from helpers import FIT_JOB, JobResult, job_environment, processes_mentioning, run_command, wait_until_empty
 
 DEVICES = 2  # ranks per node
 WORLD_SIZE = DEVICES * len(NODES)
@@ -412,15 +412,6 @@ def doctor_per_node(tmp_path: Path, flags: list[str],
     processes = start_on_nodes(commands, cwd=tmp_path, env=environment())
     codes = processes.wait(DOCTOR_TIMEOUT_S + MARGIN_S)
     return codes, {name: log.read_text() for name, log in processes.logs.items()}
-
-
-def wait_until_empty(directory: Path, within_s: float = 10) -> list[Path]:
-    """What is left in ``directory`` once it is empty or ``within_s`` has passed (a janitor's removal may land
-    just after the launcher exits)."""
-    deadline = time.monotonic() + within_s
-    while (left := sorted(directory.iterdir())) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    return left
 
 
 def test_doctor_on_two_nodes_is_healthy(cluster, tmp_path, rendezvous_dir):
