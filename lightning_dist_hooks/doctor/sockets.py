@@ -1,5 +1,5 @@
-"""Listening TCP sockets, read from ``/proc`` (Linux): which this process holds, what opened them, and who holds a
-given port."""
+"""Listening TCP sockets, read from ``/proc`` (Linux): which this process holds, what opened them (the launcher, for
+one it inherited), and who holds a given port."""
 
 from __future__ import annotations
 
@@ -12,6 +12,10 @@ from pathlib import Path
 from lightning_dist_hooks.backends import MPI_BACKENDS
 
 _TCP_LISTEN = "0A"
+
+# How every attribution of a socket the rank inherited starts: the verdicts tell the launcher's sockets by it, since
+# the attribution is all that travels to the other ranks (``{"socket": ..., "opened_by": ...}``).
+INHERITED = "inherited from the launcher"
 
 
 @dataclass(frozen=True)
@@ -44,6 +48,10 @@ def opened_by(inode: str, port: int, before: set[str], store_port: int | None, b
     >>> opened_by("42", 29500, before=set(), store_port=29500, backend="gloo")
     'the rendezvous store (TCPStore) of rank 0'
     """
+    launcher = launcher_of(inode)
+    if launcher is not None:
+        # Before everything else: an inherited socket is also "open before the rendezvous", but neither MPI's nor ours.
+        return launcher
     if inode in before:
         if "mpi4py.MPI" in sys.modules:
             # Lightning's MPIEnvironment.detect() imports mpi4py.MPI (initialising MPI) whenever mpi4py is installed.
@@ -54,6 +62,65 @@ def opened_by(inode: str, port: int, before: set[str], store_port: int | None, b
     if backend in MPI_BACKENDS:
         return "the MPI library"
     return f"the {backend} backend, for connections between ranks"
+
+
+def is_launchers(attribution: str) -> bool:
+    """Whether ``attribution`` (an ``opened_by`` result) says the launcher opened the socket, not the rank.
+
+    >>> is_launchers("inherited from the launcher (slurmstepd, pid 1234)"), is_launchers("the MPI library")
+    (True, False)
+    """
+    return attribution.startswith(INHERITED)
+
+
+@dataclass(frozen=True)
+class Ancestor:
+    """A process above this one, as far as this user may see it: ``holds`` the socket in question (None: this user
+    may not list its descriptors, e.g. root's slurmstepd for a user's rank); ``uid`` is its file-system uid, which a
+    socket it creates belongs to."""
+
+    pid: int
+    command: str
+    uid: int | None
+    holds: bool | None
+
+
+def launcher_of(inode: str, pid: int | str = "self") -> str | None:
+    """``INHERITED (COMMAND, pid PID)`` when process ``pid`` inherited its socket ``inode`` from an ancestor (the
+    launcher: slurmstepd, orted, mpirun, hydra_pmi_proxy, flux-broker, ...); None when it opened the socket itself.
+
+    >>> launcher_of("no-such-socket") is None
+    True
+    """
+    ancestors = [Ancestor(process, command, uid, _holds(process, inode)) for process, command, uid in _ancestry(pid)]
+    return inherited_from(ancestors, _socket_owner(inode, pid), _fs_uid(pid))
+
+
+def inherited_from(ancestors: list[Ancestor], socket_uid: int | None, own_uid: int | None) -> str | None:
+    """The attribution of a socket given the process's ``ancestors`` (nearest first): the farthest that holds the same
+    socket opened it; failing that, a socket of another user (``socket_uid``) than the process's own (``own_uid``)
+    was not opened by the process, and the nearest ancestor running as that user is named. None: the process's own.
+
+    >>> slurmstepd = Ancestor(1234, "slurmstepd", 0, holds=None)
+    >>> inherited_from([slurmstepd], socket_uid=0, own_uid=1000)
+    'inherited from the launcher (slurmstepd, pid 1234; the socket belongs to uid 0, not to this rank's user 1000)'
+    >>> inherited_from([Ancestor(1234, "slurmstepd", 0, holds=True)], socket_uid=0, own_uid=0)
+    'inherited from the launcher (slurmstepd, pid 1234)'
+    >>> inherited_from([slurmstepd], socket_uid=1000, own_uid=1000) is None
+    True
+    """
+    holders = [ancestor for ancestor in ancestors if ancestor.holds]
+    if holders:
+        # The farthest holder, not the nearest: a wrapper between (a shell, timeout, a container's starter) only
+        # passed the socket on from the launcher that opened it.
+        return f"{INHERITED} ({holders[-1].command}, pid {holders[-1].pid})"
+    if socket_uid is None or own_uid is None or socket_uid == own_uid:
+        return None
+    # A socket belongs to the user who created it, so this process (which does not change users) did not: it came
+    # from an ancestor whose descriptors this user may not list, most likely the nearest running as that user.
+    why = f"the socket belongs to uid {socket_uid}, not to this rank's user {own_uid}"
+    owner = next((ancestor for ancestor in ancestors if ancestor.uid == socket_uid), None)
+    return f"{INHERITED} ({owner.command}, pid {owner.pid}; {why})" if owner else f"{INHERITED} ({why})"
 
 
 def holders_of_port(port: int) -> list[str]:
@@ -80,6 +147,61 @@ def socket_inodes(pid: int | str) -> set[str]:
         if target.startswith("socket:["):
             inodes.add(target[len("socket:[") : -1])
     return inodes
+
+
+def _ancestry(pid: int | str) -> list[tuple[int, str, int | None]]:
+    """``(pid, command, file-system uid)`` of each ancestor of process ``pid``, nearest first, up to pid 1."""
+    found: list[tuple[int, str, int | None]] = []
+    process = _parent_of(pid)
+    while process is not None and process > 0 and process not in {each[0] for each in found}:
+        try:
+            command = Path(f"/proc/{process}/comm").read_text().strip()
+        except OSError:  # gone since its child read its pid: what was above it is not above us any more
+            break
+        found.append((process, command, _fs_uid(process)))
+        process = _parent_of(process)
+    return found
+
+
+def _parent_of(pid: int | str) -> int | None:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    # The command, in parentheses, may itself hold spaces and parentheses: the fields after the last ")" are fixed.
+    return int(stat[stat.rindex(")") + 2 :].split()[1])
+
+
+def _fs_uid(pid: int | str) -> int | None:
+    """The file-system uid of process ``pid`` (the owner of the sockets it creates), from ``/proc/PID/status``."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("Uid:"):
+                return int(line.split()[4])  # real, effective, saved, file-system
+    except OSError:
+        pass
+    return None
+
+
+def _holds(pid: int, inode: str) -> bool | None:
+    try:
+        return inode in socket_inodes(pid)
+    except OSError:  # another user's (or gone): its descriptors cannot be listed
+        return None
+
+
+def _socket_owner(inode: str, pid: int | str) -> int | None:
+    """The uid socket ``inode`` belongs to (its creator's), as the TCP tables of ``pid``'s network namespace say."""
+    for table in ("tcp", "tcp6"):
+        try:
+            lines = Path(f"/proc/{pid}/net/{table}").read_text().splitlines()[1:]
+        except FileNotFoundError:  # no IPv6 in this kernel
+            continue
+        for line in lines:
+            fields = line.split()
+            if fields[9] == inode:
+                return int(fields[7])
+    return None
 
 
 def _listening_in_namespace_of(pid: int | str) -> list[ListeningSocket]:

@@ -1,26 +1,56 @@
-"""``mpi://``: rank and world size come from the MPI launcher; no store to meet through, nobody listens."""
+"""``mpi://``: rank and world size come from the MPI launcher, and the ranks meet through a store whose messages
+travel over MPI (:class:`lightning_dist_hooks.mpi.MpiStore`): no socket is opened and no file is made, for any
+backend."""
 
 from __future__ import annotations
 
+import re
+from typing import TYPE_CHECKING
+
+from lightning_dist_hooks import mpi
 from lightning_dist_hooks.backends import MPI_BACKENDS
-from lightning_dist_hooks.init_methods._base import AddresslessInitMethod
+from lightning_dist_hooks.init_methods._base import AddresslessInitMethod, Rendezvous
+
+if TYPE_CHECKING:  # either Lightning package's; this module imports neither
+    from lightning_dist_hooks._lightning_internals import ClusterEnvironment
 
 
 class MpiInitMethod(AddresslessInitMethod):
-    """``mpi://``, for the MPI backends (``"mpi"``, ``"mpi4py"``) only, and their default."""
+    """``mpi://``, for every backend; the default of the MPI backends (``"mpi"``, ``"mpi4py"``)."""
 
     scheme = "mpi"
     needs_mpi_launch = True
-    address_source = "rank and world size come from mpirun. Use 'mpi://'."
+    address_source = "rank and world size come from the MPI launcher (mpirun, srun --mpi=pmix, ...). Use 'mpi://'."
 
     def check_backend(self, url: str, backend: str | None) -> None:
-        if backend not in MPI_BACKENDS:
+        if not mpi.is_available():
             raise ValueError(
-                f"torch_dist_init_method={url!r} needs an MPI backend, but torch_dist_backend={backend!r} "
-                f"rendezvous through a store that {url} does not provide. Use torch_dist_backend='mpi', or another "
-                "init method."
+                f"torch_dist_init_method={url!r} carries the rendezvous over MPI, which needs mpi4py, and this Python "
+                f"cannot import it. Install it: {mpi.INSTALL_HINT}; or use another init method, e.g. "
+                "'dir:///shared/rdzv/' (a shared directory, no listening socket)."
             )
 
     def default_for_backend(self, backend: str | None) -> str | None:
         # MPI already knows every rank: meeting through a TCP store would only add a listener.
         return "mpi://" if backend in MPI_BACKENDS else None
+
+    def prepare(self, url: str, cluster_environment: ClusterEnvironment) -> Rendezvous:
+        mpi.register_rendezvous()  # on every rank: a spawned or forked one has not checked the flag in its process
+        return Rendezvous(url)
+
+    def missing_ranks(self, rendezvous: Rendezvous, world_size: int, error: Exception) -> str:
+        # The store's own timeout names them, as far as the rank that keeps the key can tell.
+        named = ranks_never_reached(str(error))
+        if named is None:
+            return super().missing_ranks(rendezvous, world_size, error)
+        return f"ranks that never arrived: {named}"
+
+
+def ranks_never_reached(text: str) -> str | None:
+    """The list of ranks an ``MpiStore`` timeout names as never having reached its keys, or None.
+
+    >>> ranks_never_reached("... ranks that never reached them: [2, 3].")
+    '[2, 3]'
+    """
+    found = re.search(r"ranks that never reached them: (\[[0-9, ]*\])", text)
+    return None if found is None else found.group(1)

@@ -33,6 +33,7 @@ from ._launch import MpiLaunch, detect_mpi_launch, launched_by_mpi
 from ._mpi import INSTALL_HINT, init_mpi, mpi4py_importable
 from ._process_group import BACKEND_NAME, MpiProcessGroup, new_mpi_process_group
 from ._rendezvous import INIT_METHOD, SCHEME, mpi_rendezvous
+from ._store import MpiStore
 
 __all__ = [
     "BACKEND_NAME",
@@ -40,6 +41,7 @@ __all__ = [
     "INSTALL_HINT",
     "MpiLaunch",
     "MpiProcessGroup",
+    "MpiStore",
     "backend_for_mpi",
     "check_torch_for_the_transport",
     "detect_mpi_launch",
@@ -49,11 +51,13 @@ __all__ = [
     "mpi_init_method",
     "note_failure",
     "register",
+    "register_rendezvous",
     "torch_fits_the_transport",
 ]
 
 _registration_lock = threading.Lock()
 _registered = False
+_rendezvous_registered = False
 
 
 def register() -> None:
@@ -65,12 +69,29 @@ def register() -> None:
     """
     global _registered
     check_torch_for_the_transport()
+    register_rendezvous()
     with _registration_lock:
         if _registered:
             return
         dist.Backend.register_backend(BACKEND_NAME, new_mpi_process_group, extended_api=True, devices=["cpu"])
-        dist.register_rendezvous_handler(SCHEME, mpi_rendezvous)
         _registered = True
+
+
+def register_rendezvous() -> None:
+    """Register the ``mpi://`` rendezvous alone with torch (idempotent, MPI untouched): what gloo, NCCL and the other
+    backends need to meet through :class:`MpiStore`; unlike the transport, it works on every supported torch."""
+    global _rendezvous_registered
+    with _registration_lock:
+        if _rendezvous_registered:
+            return
+        try:
+            dist.register_rendezvous_handler(SCHEME, mpi_rendezvous)
+        except RuntimeError:  # torch refuses a second handler for a scheme
+            raise RuntimeError(
+                "another package registered a torch.distributed rendezvous handler for mpi://, which "
+                "lightning_dist_hooks' mpi:// needs. Use another init method, or do not import that package."
+            ) from None
+        _rendezvous_registered = True
 
 
 def torch_fits_the_transport(torch_version: str | None = None) -> bool:
@@ -102,11 +123,16 @@ def is_available() -> bool:
 def mpi_init_method() -> str:
     """Return the ``init_method`` URL (``"mpi://"``) that creates no TCP store and takes rank/size from MPI.
 
-    Pass it to ``init_process_group`` with backend ``"mpi4py"`` (or torch's native ``"mpi"``); both are
-    registered on the way. It yields a process-local store, so backends that rendezvous through the store
-    (gloo, nccl) cannot use it.
+    Pass it to ``init_process_group`` with any backend: ``"gloo"``, ``"nccl"``, ``"cpu:gloo,cuda:nccl"``, this
+    package's ``"mpi4py"`` (or torch's native ``"mpi"``). The ``mpi://`` rendezvous is registered on the way, and
+    the ``"mpi4py"`` backend too where this torch can run it. Every backend meets through an :class:`MpiStore`
+    (collective: every rank of the MPI job must call ``init_process_group``)::
+
+        dist.init_process_group("gloo", init_method=mpi.mpi_init_method())
     """
-    register()
+    register_rendezvous()
+    if torch_fits_the_transport():
+        register()
     return INIT_METHOD
 
 

@@ -73,6 +73,11 @@ def note_failure(error: BaseException | None) -> None:
     _record(None if error is None else f"is exiting after a trainer stopped on {_name(error)}")
 
 
+def failure_recorded() -> bool:
+    """Whether this rank will end the job with ``MPI_Abort`` at exit (so it must not wait for its peers first)."""
+    return _recorded_failure is not None
+
+
 def _record(failure: str | None) -> None:
     global _recorded_failure
     _recorded_failure = failure

@@ -1,0 +1,168 @@
+"""The keys one rank keeps for the ``mpi://`` store, and the waits held on them: plain Python, no MPI.
+
+:class:`~lightning_dist_hooks.mpi._store.MpiStore` spreads the keys over the ranks (each key is kept by one rank,
+its *home*). On each rank a :class:`KeyTable` holds that rank's share and answers the operations sent to it.
+An operation that must wait (``get`` of a key not set yet, ``wait``) is held as a :class:`HeldWait` and answered
+when a later change completes it, or with an error naming the keys and the ranks that never reached them when its
+deadline passes. The table only computes answers; who sends them, and how, is the store's business.
+
+    table = KeyTable(rank=0, world_size=2)
+    table.handle(Request(source=1, request_id=7, op="add", keys=("counter",), args=(5,), timeout_s=30.0), now=0.0)
+    # -> [Answer(destination=1, request_id=7, ok=True, result=5)]
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple
+
+
+class Request(NamedTuple):
+    """One store operation, sent to the rank that keeps its keys; ``args`` depend on ``op``."""
+
+    source: int  # the rank that asks, and waits for the answer
+    request_id: int  # the asking rank's number for it, sent back with the answer
+    op: str
+    keys: tuple[str, ...]
+    args: tuple[Any, ...]
+    timeout_s: float  # how long a get or a wait may be held before it is answered with a timeout
+
+
+class Answer(NamedTuple):
+    """The answer to one request: its result, or (``ok`` False) the text of the error to raise on the asking rank."""
+
+    destination: int
+    request_id: int
+    ok: bool
+    result: Any
+
+
+@dataclass
+class HeldWait:
+    """A ``get`` or ``wait`` whose keys are not all set yet."""
+
+    request: Request
+    deadline: float  # time.monotonic() on the keeping rank
+    missing: set[str] = field(default_factory=set)
+
+
+class KeyTable:
+    """The keys kept by rank ``rank`` of ``world_size``, with torch's store semantics (as ``HashStore``'s)."""
+
+    def __init__(self, rank: int, world_size: int) -> None:
+        self.rank = rank
+        self.world_size = world_size
+        self.values: dict[str, bytes] = {}
+        self.held: list[HeldWait] = []
+        # Which ranks have asked anything of each key: the ranks missing from it are named when a wait times out.
+        self._reached_by: dict[str, set[int]] = {}
+
+    def handle(self, request: Request, now: float) -> list[Answer]:
+        """Apply ``request``; return the answers it completes (its own, unless held, and the held waits it ends)."""
+        for key in request.keys:
+            self._reached_by.setdefault(key, set()).add(request.source)
+        op = request.op
+        if op in ("get", "wait"):
+            missing = {key for key in request.keys if key not in self.values}
+            if missing:
+                self.held.append(HeldWait(request, now + request.timeout_s, missing))
+                return []
+            return [self._answer(request, True, self._wait_result(request))]
+        handler = getattr(self, f"_op_{op}", None)
+        if handler is None:
+            return [self._answer(request, False, f"the mpi:// store has no operation {op!r}")]
+        try:
+            result = handler(*request.keys, *request.args)
+        except ValueError as error:
+            return [self._answer(request, False, str(error))]
+        return [self._answer(request, True, result), *self._completed_by(request.keys)]
+
+    def expire(self, now: float) -> list[Answer]:
+        """Answer, with a timeout error, every held wait whose deadline has passed."""
+        expired = [held for held in self.held if held.deadline <= now]
+        if not expired:
+            return []
+        answers = [self._answer(held.request, False, self._timeout_message(held)) for held in expired]
+        self.held = [held for held in self.held if held.deadline > now]
+        return answers
+
+    def next_deadline(self) -> float | None:
+        return min((held.deadline for held in self.held), default=None)
+
+    def not_reached(self, key: str) -> list[int]:
+        """The ranks that have never asked anything of ``key`` here (nor set it)."""
+        reached = self._reached_by.get(key, set())
+        return [rank for rank in range(self.world_size) if rank not in reached]
+
+    # --- operations that change nothing or one key (the keys first, then the request's args) ---
+
+    def _op_set(self, *keys_and_values: Any) -> None:
+        # set is one key and one value; multi_set is n keys then n values: both arrive as keys then values.
+        half = len(keys_and_values) // 2
+        for key, value in zip(keys_and_values[:half], keys_and_values[half:], strict=True):
+            self.values[key] = value
+
+    def _op_add(self, key: str, amount: int) -> int:
+        value = self.values.get(key, b"0")
+        try:
+            total = int(value) + amount
+        except ValueError:
+            raise ValueError(f"add({key!r}): the key holds {value[:40]!r}, not an integer") from None
+        self.values[key] = b"%d" % total
+        return total
+
+    def _op_append(self, key: str, value: bytes) -> None:
+        self.values[key] = self.values.get(key, b"") + value
+
+    def _op_compare_set(self, key: str, expected: bytes, desired: bytes) -> bytes:
+        current = self.values.get(key)
+        if current is None:
+            if expected:  # as torch's stores: a missing key is only set when nothing was expected
+                return expected
+            self.values[key] = desired
+            return desired
+        if current == expected:
+            self.values[key] = desired
+            return desired
+        return current
+
+    def _op_delete_key(self, key: str) -> bool:
+        return self.values.pop(key, None) is not None
+
+    def _op_check(self, *keys: str) -> bool:
+        return all(key in self.values for key in keys)
+
+    def _op_num_keys(self) -> int:
+        return len(self.values)
+
+    # --- answers ---
+
+    def _answer(self, request: Request, ok: bool, result: Any) -> Answer:
+        return Answer(request.source, request.request_id, ok, result)
+
+    def _wait_result(self, request: Request) -> list[bytes] | None:
+        return [self.values[key] for key in request.keys] if request.op == "get" else None
+
+    def _completed_by(self, changed: tuple[str, ...]) -> list[Answer]:
+        if not self.held:
+            return []
+        answers = []
+        still_held = []
+        for held in self.held:
+            held.missing.difference_update(key for key in changed if key in self.values)
+            if held.missing:
+                still_held.append(held)
+            else:
+                answers.append(self._answer(held.request, True, self._wait_result(held.request)))
+        self.held = still_held
+        return answers
+
+    def _timeout_message(self, held: HeldWait) -> str:
+        missing = sorted(held.missing)
+        not_reached = sorted({rank for key in missing for rank in self.not_reached(key)})
+        waiting = sorted({other.request.source for other in self.held if other.missing & held.missing})
+        return (
+            f"Wait timeout: rank {held.request.source} waited {held.request.timeout_s:g} s for the keys {missing} of "
+            f"the mpi:// store (kept by rank {self.rank}), which no rank set. Ranks waiting for them: {waiting}; "
+            f"ranks that never reached them: {not_reached}."
+        )
