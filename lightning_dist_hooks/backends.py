@@ -156,10 +156,11 @@ def check_mpi_launch(
     if launch is None and "PMIX_RANK" in os.environ:
         return  # a PMIx launcher (srun --mpi=pmix) exports the rank but no job size to compare with
     if launch is None:
+        otherwise = "torch_dist_backend='gloo'" if uses_backend else "another init method, e.g. 'dir:///shared/rdzv/'"
         raise ValueError(
             f"{flag} needs every rank started by an MPI launcher, but this process was not (no variable of Open MPI, "
-            f"MPICH/Intel MPI, MVAPICH or PMI is set). Start the script with `mpirun -n {expected} python ...` (or "
-            f"`srun --mpi=pmi2 -n {expected} python ...` under SLURM), or use torch_dist_backend='gloo'."
+            f"MPICH/Intel MPI, MVAPICH or PMIx is set). Start the script with `mpirun -n {expected} python ...` (or "
+            f"`srun --mpi=pmix --ntasks-per-node={num_devices} python ...` under SLURM), or use {otherwise}."
         )
     if launch.world_size != expected:
         raise ValueError(

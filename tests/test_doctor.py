@@ -144,6 +144,95 @@ def test_srun(slurm_cluster, tmp_path, rendezvous_dir):
     assert document["verdicts"][0]["message"].startswith("2 processes per node (SLURM_STEP_TASKS_PER_NODE=2")
 
 
+@pytest.mark.cluster
+@pytest.mark.mpi
+@needs_mpi
+def test_srun_mpi_pmix_the_launchers_socket_is_not_mpis(slurm_cluster, tmp_path):
+    # SLURM's own launcher, no mpirun: Open MPI kept off TCP, yet every rank holds slurmstepd's PMIx socket, inherited
+    # across exec. It is named as the launcher's, and mpi-sockets passes.
+    plugins = subprocess.run(["srun", "--mpi=list"], capture_output=True, text=True, timeout=30)
+    if "pmix" not in plugins.stdout + plugins.stderr:
+        pytest.skip("SLURM's mpi/pmix plugin is not installed (Debian: slurm-wlm ships it)")
+    env = {**slurm_environment(), "OMPI_MCA_btl": "self,vader"}
+    run = run_doctor("--backend", "mpi", "--json", cwd=tmp_path, env=env,
+                     launcher=("srun", "--mpi=pmix", "-N1", "--ntasks-per-node=2", "-J", "ldhdoctor",
+                               "--kill-on-bad-exit=1"))
+    document = assert_healthy(run, "SLURMEnvironment")
+    assert [rank["init_method"] for rank in document["ranks"]] == ["mpi://", "mpi://"]
+    launchers = [[each for each in rank["listening"]
+                  if re.fullmatch(r"inherited from the launcher \(slurmstepd, pid \d+\)", each["opened_by"])]
+                 for rank in document["ranks"]]
+    assert launchers[0] and launchers[0] == launchers[1], document["ranks"]  # one socket, the same in both ranks
+    verdict = run.verdicts()["mpi-sockets"]
+    assert verdict["status"] == "ok"
+    assert verdict["message"].startswith("torch_dist_backend='mpi4py': no rank opened a listening TCP socket; the "
+                                         "ranks hold only their launcher's, which MPI did not open: ")
+    assert f"{launchers[0][0]['socket']}, {launchers[0][0]['opened_by']} by ranks [0, 1]" in verdict["message"]
+
+
+# A launcher in miniature: a listening socket on loopback, handed to a child across exec (pass_fds), as slurmstepd
+# hands its PMIx socket to the ranks; the child reports what the doctor would say of it.
+_INHERITING_CHILD = """
+import json, os
+from lightning_dist_hooks.doctor.sockets import listening_sockets, opened_by
+print(json.dumps({"parent": os.getppid(), "sockets": [
+    [str(each), opened_by(each.inode, each.port, set(), None, "mpi4py")] for each in listening_sockets()]}))
+"""
+_LAUNCHER = """
+import socket, subprocess, sys
+with open("/proc/self/comm", "w") as comm:  # the name the child should give
+    comm.write("ldh-launcher")
+with socket.socket() as listener:
+    listener.bind(("127.0.0.1", 0))
+    listener.listen()
+    print(listener.getsockname()[1], flush=True)
+    subprocess.run([sys.executable, "-c", sys.argv[1]], pass_fds=[listener.fileno()], check=True)
+"""
+
+
+def test_a_socket_inherited_from_the_parent_is_attributed_to_it(tmp_path):
+    run = subprocess.run([sys.executable, "-c", _LAUNCHER, _INHERITING_CHILD], cwd=tmp_path, env=job_environment(),
+                         capture_output=True, text=True, timeout=RUN_TIMEOUT_S)
+    assert run.returncode == 0, run.stderr[-6000:]
+    port, child = run.stdout.splitlines()
+    report = json.loads(child)
+    assert report["sockets"] == [
+        [f"127.0.0.1:{port}", f"inherited from the launcher (ldh-launcher, pid {report['parent']})"]]
+
+
+# root's launcher, a user's rank: the rank may not list root's descriptors (as a user's rank under root's slurmstepd),
+# but the socket belongs to root, so the rank did not open it.
+_ROOTS_LAUNCHER = """
+import json, os, socket
+from lightning_dist_hooks.doctor.sockets import listening_sockets, opened_by
+with open("/proc/self/comm", "w") as comm:
+    comm.write("ldh-launcher")
+listener = socket.socket()
+listener.bind(("127.0.0.1", 0))
+listener.listen()
+if os.fork() == 0:
+    os.setgid(65534)
+    os.setuid(65534)
+    print(json.dumps({"parent": os.getppid(), "sockets": [
+        [str(each), opened_by(each.inode, each.port, set(), None, "mpi4py")] for each in listening_sockets()]}))
+    os._exit(0)
+os.wait()
+"""
+
+
+@pytest.mark.root
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root, to start a rank as another user")
+def test_a_socket_of_roots_launcher_is_attributed_to_it_by_its_owner(tmp_path):
+    run = subprocess.run([sys.executable, "-c", _ROOTS_LAUNCHER], cwd=tmp_path, env=job_environment(),
+                         capture_output=True, text=True, timeout=RUN_TIMEOUT_S)
+    assert run.returncode == 0, run.stderr[-6000:]
+    report = json.loads(run.stdout)
+    [(address, attribution)] = report["sockets"]
+    assert address.startswith("127.0.0.1:")
+    assert attribution == (f"inherited from the launcher (ldh-launcher, pid {report['parent']}; the socket belongs to "
+                           "uid 0, not to this rank's user 65534)")
+
+
 def test_flux_variables(tmp_path, free_port):
     # flux run cannot run here: two tasks with exactly the variables Flux sets, env:// on loopback.
     processes = [subprocess.Popen(
@@ -218,8 +307,8 @@ def test_mpi4py_missing_for_the_mpi_backend(tmp_path):
     run = run_doctor("--backend", "mpi", cwd=tmp_path, env=env)
     assert run.returncode == 1, run.output[-6000:]
     assert ("FAIL  mpi4py: torch_dist_backend='mpi' needs mpi4py, which this Python cannot import") in run.stdout
-    assert 'fix: pip install "mpi4py>=4.0,<5" (from a clone of lightning-dist-hooks: pip install ".[mpi]"), in the environment every rank' in (
-        run.stdout)
+    assert ('fix: pip install "mpi4py>=4.0,<5" (from a clone of lightning-dist-hooks: pip install ".[mpi]"), in the '
+            "environment every rank") in run.stdout
 
 
 def test_a_rendezvous_directory_anyone_can_write_is_not_private(tmp_path, rendezvous_dir):
@@ -241,8 +330,8 @@ def test_a_filesystem_without_file_locks(tmp_path, rendezvous_dir, flock_shim):
     assert run.returncode == 1, run.output[-6000:]
     assert (f"FAIL  file-locking: the filesystem of {rendezvous_dir} refuses file locks (flock: No locks available), "
             "which torch's FileStore needs") in run.stdout
-    assert f"fix: use dir://{rendezvous_dir}/ instead of file:// (it needs no file locks), mount the filesystem with " \
-        "locking (NFS: without 'nolock'; Lustre: -o flock)" in run.stdout
+    assert (f"fix: use dir://{rendezvous_dir}/ instead of file:// (it needs no file locks), mount the filesystem with "
+            "locking (NFS: without 'nolock'; Lustre: -o flock)") in run.stdout
 
 
 def test_dir_needs_no_file_locks(tmp_path, rendezvous_dir, flock_shim):

@@ -21,7 +21,7 @@ from lightning_dist_hooks.doctor.checks import (
 from lightning_dist_hooks.doctor.facts import LauncherLayout, expand_slurm_counts
 from lightning_dist_hooks.doctor.gathered import gathered_verdicts
 from lightning_dist_hooks.doctor.report import verdict_lines
-from lightning_dist_hooks.doctor.sockets import listening_sockets
+from lightning_dist_hooks.doctor.sockets import Ancestor, inherited_from, listening_sockets
 
 pytestmark = pytest.mark.unit
 
@@ -77,8 +77,13 @@ def test_listening_sockets_of_this_process_are_read_from_proc():
     assert [each for each in listening_sockets() if each.port == port] == []
 
 
+MPI_OPENED = "the MPI library, initialised before the rendezvous"
+SLURMSTEPD = "inherited from the launcher (slurmstepd, pid 1234)"
+
+
 def test_mpi_sockets_fail_on_one_node_warn_across_nodes_and_pass_when_none_listen():
-    quiet, listening = {"rank": 0, "listening": []}, {"rank": 1, "listening": [{"socket": "0.0.0.0:1025"}]}
+    quiet = {"rank": 0, "listening": []}
+    listening = {"rank": 1, "listening": [{"socket": "0.0.0.0:1025", "opened_by": MPI_OPENED}]}
     assert check_mpi_sockets("mpi4py", [quiet, quiet], spans_nodes=False).status == OK
     one_node = check_mpi_sockets("mpi", [quiet, listening], spans_nodes=False)
     assert (one_node.status, one_node.ranks) == (FAIL, [1]) and "rank 1: 0.0.0.0:1025" in one_node.message
@@ -87,10 +92,58 @@ def test_mpi_sockets_fail_on_one_node_warn_across_nodes_and_pass_when_none_liste
     assert check_mpi_sockets("gloo", [listening], spans_nodes=False) is None
 
 
+def test_a_socket_only_the_launcher_opened_passes_mpi_sockets_and_is_named():
+    # srun --mpi=pmix with OMPI_MCA_btl=self,vader: both ranks hold slurmstepd's PMIx socket, inherited across exec.
+    ranks = [{"rank": rank, "listening": [{"socket": "0.0.0.0:35929", "opened_by": SLURMSTEPD}]} for rank in (0, 1)]
+    verdict = check_mpi_sockets("mpi4py", ranks, spans_nodes=False)
+    assert (verdict.status, verdict.ranks) == (OK, [])
+    assert verdict.message == (
+        "torch_dist_backend='mpi4py': no rank opened a listening TCP socket; the ranks hold only their launcher's, "
+        "which MPI did not open: 0.0.0.0:35929, inherited from the launcher (slurmstepd, pid 1234) by ranks [0, 1]")
+
+
+def test_a_socket_mpi_opened_still_fails_beside_the_launchers():
+    launchers = {"socket": "0.0.0.0:35929", "opened_by": SLURMSTEPD}
+    ranks = [{"rank": 0, "listening": [launchers]},
+             {"rank": 1, "listening": [launchers, {"socket": "0.0.0.0:1025", "opened_by": MPI_OPENED}]}]
+    verdict = check_mpi_sockets("mpi", ranks, spans_nodes=False)
+    assert (verdict.status, verdict.ranks) == (FAIL, [1])
+    assert verdict.message == (
+        "torch_dist_backend='mpi' on one node, yet ranks listen (rank 1: 0.0.0.0:1025): the MPI library opened them "
+        "(Open MPI's tcp transport), though shared memory needs none; besides, the launcher's, which MPI did not "
+        "open: 0.0.0.0:35929, inherited from the launcher (slurmstepd, pid 1234) by ranks [0, 1]")
+    assert "export OMPI_MCA_btl=self,vader" in verdict.fix
+    assert check_mpi_sockets("mpi", ranks, spans_nodes=True).status == WARN
+
+
+def test_the_farthest_ancestor_holding_the_socket_opened_it():
+    # slurmstepd -> a wrapper shell -> the rank: the shell only passed slurmstepd's socket on.
+    shell, stepd = Ancestor(20, "bash", 1000, holds=True), Ancestor(10, "slurmstepd", 1000, holds=True)
+    assert inherited_from([shell, stepd, Ancestor(1, "systemd", 0, holds=None)], socket_uid=1000, own_uid=1000) == (
+        "inherited from the launcher (slurmstepd, pid 10)")
+
+
+def test_another_users_socket_is_the_launchers_even_where_its_descriptors_are_hidden():
+    # A user's rank may not list root's slurmstepd's descriptors; the socket belongs to root, so the rank did not
+    # open it: the nearest ancestor running as root is named.
+    ancestors = [Ancestor(20, "bash", 1000, holds=False), Ancestor(10, "slurmstepd", 0, holds=None),
+                 Ancestor(1, "systemd", 0, holds=None)]
+    assert inherited_from(ancestors, socket_uid=0, own_uid=1000) == (
+        "inherited from the launcher (slurmstepd, pid 10; the socket belongs to uid 0, not to this rank's user 1000)")
+    assert inherited_from(ancestors[:1], socket_uid=0, own_uid=1000) == (
+        "inherited from the launcher (the socket belongs to uid 0, not to this rank's user 1000)")
+
+
+def test_a_socket_of_the_ranks_own_user_that_no_ancestor_holds_is_the_ranks():
+    ancestors = [Ancestor(10, "mpirun", 1000, holds=False), Ancestor(1, "systemd", 0, holds=None)]
+    assert inherited_from(ancestors, socket_uid=1000, own_uid=1000) is None
+    assert inherited_from(ancestors, socket_uid=None, own_uid=1000) is None  # gone from the tables meanwhile
+
+
 def gathered_rank(rank, host, *, verdicts=(), tokens_seen=None, listening=(), correct=True, addresses=("10.0.0.1",)):
     """One rank's facts as all_gather_object hands them to every rank (only what the verdicts after it read)."""
     return {"rank": rank, "host": host, "host_addresses": list(addresses), "allreduce": {"correct": correct},
-            "listening": [{"socket": each} for each in listening], "tokens_seen": tokens_seen,
+            "listening": [{"socket": each, "opened_by": MPI_OPENED} for each in listening], "tokens_seen": tokens_seen,
             "verdicts": [verdict.as_dict() for verdict in verdicts]}
 
 

@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from helpers import FIT_JOB, needs_mpi, openmpi_run, run_command
+from helpers import FIT_JOB, needs_mpi, openmpi_run, run_command, slurm_environment
 from lightning_dist_hooks import Trainer, mpi
 
 
@@ -70,8 +70,34 @@ def test_mpi_selects_the_mpi4py_transport_and_the_socket_free_init_method(monkey
 
 
 @pytest.mark.unit
-def test_mpi_init_method_needs_an_mpi_backend():
-    with pytest.raises(ValueError, match=r"torch_dist_init_method='mpi://' needs an MPI backend"):
+@pytest.mark.skipif(not mpi.is_available(), reason="needs mpi4py")
+@pytest.mark.parametrize("backend", ["gloo", "mpi4py", "cpu:gloo"])
+def test_mpi_init_method_takes_any_backend_under_an_mpi_launcher(monkeypatch, backend):
+    as_if_started_by_mpirun(monkeypatch, ranks=2)
+    trainer = Trainer(accelerator="cpu", devices=2, strategy="ddp", torch_dist_backend=backend,
+                      torch_dist_init_method="mpi://", logger=False)
+    assert (trainer.torch_dist_backend, trainer.torch_dist_init_method) == (backend, "mpi://")
+
+
+@pytest.mark.unit
+@pytest.mark.skipif(not mpi.is_available(), reason="needs mpi4py")
+def test_mpi_init_method_outside_an_mpi_launcher_names_the_launchers_and_another_init_method():
+    with pytest.raises(ValueError, match=r"torch_dist_init_method='mpi://' needs every rank started by an MPI "
+                                         r"launcher, but this process was not .* `srun --mpi=pmix "
+                                         r"--ntasks-per-node=2 python \.\.\.` under SLURM\), or use another init "
+                                         r"method, e\.g\. 'dir:///shared/rdzv/'"):
+        Trainer(accelerator="cpu", devices=2, strategy="ddp", torch_dist_backend="gloo",
+                torch_dist_init_method="mpi://", logger=False)
+
+
+@pytest.mark.unit
+def test_mpi_init_method_without_mpi4py_names_the_install_command_and_a_socket_free_alternative(monkeypatch):
+    monkeypatch.setitem(sys.modules, "mpi4py", None)  # makes `import mpi4py` fail, as on a machine without it
+    as_if_started_by_mpirun(monkeypatch, ranks=2)
+    with pytest.raises(ValueError, match=r"torch_dist_init_method='mpi://' carries the rendezvous over MPI, which "
+                                         r"needs mpi4py, and this Python cannot import it\. Install it: pip install "
+                                         r"\"mpi4py>=4\.0,<5\".* or use another init method, e\.g\. "
+                                         r"'dir:///shared/rdzv/'"):
         Trainer(accelerator="cpu", devices=2, strategy="ddp", torch_dist_backend="gloo",
                 torch_dist_init_method="mpi://", logger=False)
 
@@ -83,7 +109,7 @@ def test_mpi_init_method_needs_an_mpi_backend():
 def test_mpi_outside_an_mpi_launcher_says_to_start_with_mpirun(flags):
     with pytest.raises(ValueError, match=r"torch_dist_backend='mpi4py' needs every rank started by an MPI launcher, "
                                          r"but this process was not .* Start the script with `mpirun -n 4 python "
-                                         r"\.\.\.` \(or `srun --mpi=pmi2 -n 4"):
+                                         r"\.\.\.` \(or `srun --mpi=pmix --ntasks-per-node=2"):
         Trainer(accelerator="cpu", devices=2, num_nodes=2, strategy="ddp", logger=False, **flags)
 
 
@@ -105,3 +131,43 @@ def test_mpi_under_a_pmix_launcher_is_accepted(monkeypatch):
     monkeypatch.setenv("PMIX_RANK", "0")
     trainer = Trainer(accelerator="cpu", devices=2, strategy="ddp", torch_dist_backend="mpi", logger=False)
     assert trainer.torch_dist_backend == "mpi4py"
+
+
+def assert_meets_through_the_mpi_store_as_file_does(ours, file, environment: str) -> None:
+    """gloo through mpi:// trained exactly as gloo through file://, meeting in an MpiStore, with no TCPStore: every
+    rank listens on as many ports as it does with file:// (gloo's own), none more."""
+    assert ours.same_on_all_ranks("weights_sha256") == file.same_on_all_ranks("weights_sha256")
+    for rank, record in ours.ranks.items():
+        assert record["environment"] == environment
+        assert record["process_group_backend"] == "gloo"
+        assert record["store"][-1] == "MpiStore" and "TCPStore" not in record["store"], record["store"]
+        assert len(record["listening_tcp_ports"]) == len(file.ranks[rank]["listening_tcp_ports"]), (
+            record["listening_tcp_ports"], file.ranks[rank]["listening_tcp_ports"])
+
+
+@pytest.mark.slow
+@pytest.mark.mpi
+@pytest.mark.compat
+@needs_mpi
+def test_gloo_through_mpi_trains_as_through_file_under_mpirun_with_no_tcp_store(tmp_path):
+    file = fit_under_mpirun(tmp_path, "file", "--backend", "gloo", "--init-method", f"file://{tmp_path}/")
+    ours = fit_under_mpirun(tmp_path, "mpi", "--backend", "gloo", "--init-method", "mpi://")
+    assert_meets_through_the_mpi_store_as_file_does(ours, file, "OpenMPIEnvironment")
+
+
+@pytest.mark.slow
+@pytest.mark.mpi
+@pytest.mark.cluster
+@needs_mpi
+def test_gloo_through_mpi_trains_as_through_file_under_srun_mpi_pmix(slurm_cluster, tmp_path):
+    def fit_under_srun(name: str, *flags: str):
+        out_dir = tmp_path / name
+        command = ["timeout", "150", "srun", "--mpi=pmix", "-N1", "--ntasks-per-node=2", "-J", "ldhmpistore",
+                   "--kill-on-bad-exit=1", sys.executable, str(FIT_JOB), "--out", str(out_dir), "--epochs", "2", *flags]
+        # Shared memory only between the ranks: what a site that forbids listening sockets sets.
+        environment = {**slurm_environment(), "OMPI_MCA_btl": "self,vader"}
+        return run_command(command, cwd=tmp_path, out_dir=out_dir, timeout=180, env=environment).assert_ok()
+
+    file = fit_under_srun("file", "--backend", "gloo", "--init-method", f"file://{tmp_path}/")
+    ours = fit_under_srun("mpi", "--backend", "gloo", "--init-method", "mpi://")
+    assert_meets_through_the_mpi_store_as_file_does(ours, file, "SLURMEnvironment")

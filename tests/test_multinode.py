@@ -213,7 +213,7 @@ def openmpi_command(tmp_path: Path, mapping: str = f"ppr:{DEVICES}:node", *, np:
 
 @pytest.mark.mpi
 @needs_openmpi
-@pytest.mark.parametrize("kind, backend", [("env", "gloo"), ("file-dir", "gloo"), ("mpi", "mpi")])
+@pytest.mark.parametrize("kind, backend", [("env", "gloo"), ("file-dir", "gloo"), ("mpi", "mpi"), ("mpi", "gloo")])
 def test_openmpi_mpirun_over_a_host_file(cluster, tmp_path, rendezvous_dir, kind, backend):
     init_method = init_method_url(kind, rendezvous_dir, next(_ports))
     # env://: OpenMPI gives no main address for more than one node; MASTER_ADDR names node 0 (the port is derived).

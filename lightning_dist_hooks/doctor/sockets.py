@@ -102,8 +102,8 @@ def inherited_from(ancestors: list[Ancestor], socket_uid: int | None, own_uid: i
     was not opened by the process, and the nearest ancestor running as that user is named. None: the process's own.
 
     >>> slurmstepd = Ancestor(1234, "slurmstepd", 0, holds=None)
-    >>> inherited_from([slurmstepd], socket_uid=0, own_uid=1000)
-    'inherited from the launcher (slurmstepd, pid 1234; the socket belongs to uid 0, not to this rank's user 1000)'
+    >>> print(inherited_from([slurmstepd], socket_uid=0, own_uid=1000))
+    inherited from the launcher (slurmstepd, pid 1234; the socket belongs to uid 0, not to this rank's user 1000)
     >>> inherited_from([Ancestor(1234, "slurmstepd", 0, holds=True)], socket_uid=0, own_uid=0)
     'inherited from the launcher (slurmstepd, pid 1234)'
     >>> inherited_from([slurmstepd], socket_uid=1000, own_uid=1000) is None
