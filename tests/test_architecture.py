@@ -20,7 +20,8 @@ PACKAGE_DIR = Path(lightning_dist_hooks.__file__).parent
 # what talks to Lightning, torch's backends and the rendezvous, then what the user configures (flags, hooks), then
 # the process group's life. The top (the Trainer, Fabric, strategy, sampler, doctor) may import anything.
 LAYERS = [
-    ["lightning_dist_hooks.launcher_variables", "lightning_dist_hooks.supported_versions"],
+    ["lightning_dist_hooks.launcher_variables", "lightning_dist_hooks.supported_versions",
+     "lightning_dist_hooks.listening_sockets"],
     ["lightning_dist_hooks._lightning_internals", "lightning_dist_hooks.environments", "lightning_dist_hooks.backends",
      "lightning_dist_hooks.mpi", "lightning_dist_hooks.init_methods"],
     ["lightning_dist_hooks.config", "lightning_dist_hooks.hooks"],

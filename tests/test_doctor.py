@@ -174,7 +174,8 @@ def test_srun_mpi_pmix_the_launchers_socket_is_not_mpis(slurm_cluster, tmp_path)
 # hands its PMIx socket to the ranks; the child reports what the doctor would say of it.
 _INHERITING_CHILD = """
 import json, os
-from lightning_dist_hooks.doctor.sockets import listening_sockets, opened_by
+from lightning_dist_hooks.doctor.sockets import opened_by
+from lightning_dist_hooks.listening_sockets import listening_sockets
 print(json.dumps({"parent": os.getppid(), "sockets": [
     [str(each), opened_by(each.inode, each.port, set(), None, "mpi4py")] for each in listening_sockets()]}))
 """
@@ -204,7 +205,8 @@ def test_a_socket_inherited_from_the_parent_is_attributed_to_it(tmp_path):
 # but the socket belongs to root, so the rank did not open it.
 _ROOTS_LAUNCHER = """
 import json, os, socket
-from lightning_dist_hooks.doctor.sockets import listening_sockets, opened_by
+from lightning_dist_hooks.doctor.sockets import opened_by
+from lightning_dist_hooks.listening_sockets import listening_sockets
 with open("/proc/self/comm", "w") as comm:
     comm.write("ldh-launcher")
 listener = socket.socket()

@@ -21,7 +21,7 @@ from lightning_dist_hooks.doctor.checks import (
 from lightning_dist_hooks.doctor.facts import LauncherLayout, expand_slurm_counts
 from lightning_dist_hooks.doctor.gathered import gathered_verdicts
 from lightning_dist_hooks.doctor.report import verdict_lines
-from lightning_dist_hooks.doctor.sockets import Ancestor, inherited_from, listening_sockets
+from lightning_dist_hooks.listening_sockets import Ancestor, inherited_from, listening_sockets
 
 pytestmark = pytest.mark.unit
 

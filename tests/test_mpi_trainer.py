@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import sys
 
 import pytest
@@ -171,3 +172,29 @@ def test_gloo_through_mpi_trains_as_through_file_under_srun_mpi_pmix(slurm_clust
     file = fit_under_srun("file", "--backend", "gloo", "--init-method", f"file://{tmp_path}/")
     ours = fit_under_srun("mpi", "--backend", "gloo", "--init-method", "mpi://")
     assert_meets_through_the_mpi_store_as_file_does(ours, file, "SLURMEnvironment")
+
+
+@pytest.mark.slow
+@pytest.mark.mpi
+@needs_mpi
+def test_the_mpi_transport_on_one_node_warns_in_the_job_log_when_the_ranks_listen(tmp_path):
+    # Plain mpirun: Open MPI's tcp transport listens on every rank; the job's own log must say so, with the fix.
+    shared_memory_only = openmpi_run()
+    at = shared_memory_only.index("btl") - 1
+    assert shared_memory_only[at:at + 3] == ["--mca", "btl", "self,vader"]
+    plain = shared_memory_only[:at] + shared_memory_only[at + 3:]
+    out_dir = tmp_path / "plain"
+    command = ["timeout", "150", *plain, sys.executable, str(FIT_JOB), "--out", str(out_dir), "--epochs", "1",
+               "--backend", "mpi"]
+    listening = run_command(command, cwd=tmp_path, out_dir=out_dir, timeout=180).assert_ok()
+    warning = re.search(r"torch_dist_backend='mpi4py' on one node, yet the ranks listen on TCP sockets the MPI "
+                        r"library opened \(Open MPI's tcp transport\), reachable by anyone who can reach this node: "
+                        r"rank 0: (?P<rank0>.+?); rank 1: (?P<rank1>.+?)\. Start the job with "
+                        r"mpirun --mca btl self,vader", listening.output)
+    assert warning is not None, listening.output[-4000:]
+    assert listening.output.count("yet the ranks listen on TCP sockets") == 1, "rank 0 warns, once"
+    for rank in (0, 1):
+        ports = {int(each.rsplit(":", 1)[1]) for each in warning.group(f"rank{rank}").split(", ")}
+        assert ports and ports <= set(listening.ranks[rank]["listening_tcp_ports"]), (ports, listening.ranks[rank])
+    quiet = fit_under_mpirun(tmp_path, "shared-memory", "--backend", "mpi", "--epochs", "1")
+    assert "yet the ranks listen" not in quiet.output

@@ -20,7 +20,7 @@ from typing import Any, cast
 
 from lightning_dist_hooks.backends import MPI_BACKENDS
 from lightning_dist_hooks.doctor.facts import LauncherLayout, is_loopback
-from lightning_dist_hooks.doctor.sockets import holders_of_port, is_launchers
+from lightning_dist_hooks.listening_sockets import holders_of_port, is_launchers
 
 OK, WARN, FAIL = "ok", "warn", "fail"
 

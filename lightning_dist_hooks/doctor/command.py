@@ -33,9 +33,10 @@ from lightning_dist_hooks.doctor.deadline import start_deadline
 from lightning_dist_hooks.doctor.facts import host_addresses, launcher_layout, rank_facts
 from lightning_dist_hooks.doctor.gathered import gathered_verdicts
 from lightning_dist_hooks.doctor.measure import measure_allreduce
-from lightning_dist_hooks.doctor.sockets import listening_sockets, opened_by
+from lightning_dist_hooks.doctor.sockets import opened_by
 from lightning_dist_hooks.doctor.tokens import Token
 from lightning_dist_hooks.init_methods import LIGHTNING_DEFAULT, InitMethod, init_method_handler
+from lightning_dist_hooks.listening_sockets import listening_sockets
 from lightning_dist_hooks.process_group import progress, rendezvous_deadline
 
 # The live line: sooner and more often than a training job's reports, the doctor's timeout being short.

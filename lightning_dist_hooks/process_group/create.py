@@ -17,6 +17,7 @@ from lightning_dist_hooks import _lightning_internals
 from lightning_dist_hooks.config import ProcessGroupConfig
 from lightning_dist_hooks.hooks import takes_device_id
 from lightning_dist_hooks.init_methods import LIGHTNING_DEFAULT, InitMethod, Rendezvous
+from lightning_dist_hooks.process_group.mpi_listeners import warn_if_mpi_listens
 from lightning_dist_hooks.process_group.progress import missing_ranks_query, rendezvous_progress
 from lightning_dist_hooks.process_group.rendezvous_deadline import rendezvous_deadline
 
@@ -78,6 +79,7 @@ def create_process_group(strategy: Any, config: ProcessGroupConfig, hook: Callab
             f"(backend={backend!r}, init_method={rendezvous.init_method!r}): {error}"
         ) from error
     check_default_group(rank, world_size)
+    warn_if_mpi_listens(backend, flavour.rank_zero_warn)
     flavour.rank_zero_info(
         f"{'-' * 100}\ndistributed_backend={backend}, init_method={rendezvous.init_method}\n"
         f"All distributed processes registered. Starting with {world_size} processes\n{'-' * 100}\n"

@@ -5,8 +5,7 @@ from __future__ import annotations
 import socket
 from pathlib import Path
 
-from lightning_dist_hooks.doctor.sockets import socket_inodes
-
+from lightning_dist_hooks.listening_sockets import socket_inodes
 
 _LISTEN, _ESTABLISHED = "0A", "01"  # TCP states as /proc/net/tcp writes them
 
