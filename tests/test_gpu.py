@@ -16,7 +16,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from helpers import FIT_JOB, PYTORCH_LIGHTNING, REPO, JobResult, both_packages, run_command
+from helpers import FIT_JOB, PYTORCH_LIGHTNING, REPO, JobResult, both_packages, needs_mpi, openmpi_run, run_command
 from lightning_dist_hooks import _lightning_internals
 from lightning_dist_hooks.config import ProcessGroupConfig
 from lightning_dist_hooks.hooks import default_setup_distributed_backend
@@ -203,3 +203,26 @@ def test_default_flags_on_a_gpu_train_what_lightnings_trainer_trains(tmp_path):
 def test_our_group_is_bound_to_a_device_only_where_the_installed_lightning_binds_its_own(monkeypatch, release, binds):
     monkeypatch.setattr(_lightning_internals, "installed_version", lambda distribution: release)
     assert _lightning_internals.binds_groups_to_devices(_strategy(PYTORCH_LIGHTNING, "trainer", "gloo", CUDA_0)) is binds
+
+
+@pytest.mark.slow
+@pytest.mark.gpu
+@pytest.mark.mpi
+@needs_cuda
+@needs_mpi
+@pytest.mark.parametrize("backend", ["nccl", "cpu:gloo,cuda:nccl"])
+def test_nccl_through_mpi_trains_as_through_a_file_with_no_tcp_store(backend, tmp_path, rendezvous_dir):
+    # One rank per GPU under mpirun: NCCL's unique id travels in the MPI store, never in a TCP store.
+    gpus = str(torch.cuda.device_count())
+    jobs = {}
+    for name, init_method in (("file", f"file://{rendezvous_dir}/"), ("mpi", "mpi://")):
+        out_dir = tmp_path / name
+        command = [*openmpi_run(int(gpus)), sys.executable, str(FIT_JOB), "--accelerator", "gpu", "--devices", gpus,
+                   "--backend", backend, "--init-method", init_method, "--out", str(out_dir)]
+        jobs[name] = run_command(command, cwd=tmp_path, out_dir=out_dir, timeout=GPU_JOB_TIMEOUT_S).assert_ok()
+    assert jobs["mpi"].same_on_all_ranks("weights_sha256") == jobs["file"].same_on_all_ranks("weights_sha256")
+    for rank, record in jobs["mpi"].ranks.items():
+        assert record["bound_device"] == f"cuda:{record['local_rank']}"
+        assert record["process_group_backend"] == backend
+        assert record["store"][-1] == "MpiStore" and "TCPStore" not in record["store"], record["store"]
+        assert len(record["listening_tcp_ports"]) == len(jobs["file"].ranks[rank]["listening_tcp_ports"])
