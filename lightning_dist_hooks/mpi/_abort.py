@@ -85,7 +85,7 @@ def _record(failure: str | None) -> None:
 
 def _abort_if_failure_recorded(mpi: ModuleType) -> None:
     if _recorded_failure is not None and _mpi_running(mpi):
-        abort_job(mpi, f"{_recorded_failure}. {_WHY_ABORT}")
+        abort_job(mpi, f"{_recorded_failure.rstrip('.')}. {_WHY_ABORT}")
 
 
 _WHY_ABORT = (

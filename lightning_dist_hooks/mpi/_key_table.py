@@ -13,8 +13,14 @@ deadline passes. The table only computes answers; who sends them, and how, is th
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
+
+# What torch's stores read as the integer a key holds (C++ std::stoll): optional leading spaces and sign, digits, and
+# nothing more read past them ("12abc" holds 12).
+_LEADING_INTEGER = re.compile(rb"\s*([+-]?\d+)")
+_INT64 = 1 << 64
 
 
 class Request(NamedTuple):
@@ -29,12 +35,14 @@ class Request(NamedTuple):
 
 
 class Answer(NamedTuple):
-    """The answer to one request: its result, or (``ok`` False) the text of the error to raise on the asking rank."""
+    """The answer to one request: its result, or (``ok`` False) the text of the error to raise on the asking rank,
+    ``error_type`` naming its class as torch's own stores raise it (``ValueError`` for a bad ``add``)."""
 
     destination: int
     request_id: int
     ok: bool
     result: Any
+    error_type: str = "DistStoreError"
 
 
 @dataclass
@@ -74,7 +82,7 @@ class KeyTable:
         try:
             result = handler(*request.keys, *request.args)
         except ValueError as error:
-            return [self._answer(request, False, str(error))]
+            return [Answer(request.source, request.request_id, False, str(error), "ValueError")]
         return [self._answer(request, True, result), *self._completed_by(request.keys)]
 
     def expire(self, now: float) -> list[Answer]:
@@ -104,10 +112,11 @@ class KeyTable:
 
     def _op_add(self, key: str, amount: int) -> int:
         value = self.values.get(key, b"0")
-        try:
-            total = int(value) + amount
-        except ValueError:
-            raise ValueError(f"add({key!r}): the key holds {value[:40]!r}, not an integer") from None
+        number = _LEADING_INTEGER.match(value)
+        if number is None or not -(1 << 63) <= int(number.group(1)) < 1 << 63:
+            raise ValueError(f"add({key!r}): the key holds {value[:40]!r}, not an integer")
+        # As torch's int64 arithmetic: wraps around rather than growing past what torch's C++ side can take back.
+        total = (int(number.group(1)) + amount + (1 << 63)) % _INT64 - (1 << 63)
         self.values[key] = b"%d" % total
         return total
 
@@ -149,7 +158,9 @@ class KeyTable:
         answers = []
         still_held = []
         for held in self.held:
-            held.missing.difference_update(key for key in changed if key in self.values)
+            if any(key in held.request.keys for key in changed):
+                # Every key again, not only those missing before: one may have been deleted since it was set.
+                held.missing = {key for key in held.request.keys if key not in self.values}
             if held.missing:
                 still_held.append(held)
             else:
@@ -160,9 +171,9 @@ class KeyTable:
     def _timeout_message(self, held: HeldWait) -> str:
         missing = sorted(held.missing)
         not_reached = sorted({rank for key in missing for rank in self.not_reached(key)})
-        waiting = sorted({other.request.source for other in self.held if other.missing & held.missing})
+        asked = sorted({rank for key in missing for rank in self._reached_by.get(key, ())})
         return (
             f"Wait timeout: rank {held.request.source} waited {held.request.timeout_s:g} s for the keys {missing} of "
-            f"the mpi:// store (kept by rank {self.rank}), which no rank set. Ranks waiting for them: {waiting}; "
+            f"the mpi:// store (kept by rank {self.rank}), which no rank set. Ranks that asked for them: {asked}; "
             f"ranks that never reached them: {not_reached}."
         )

@@ -140,7 +140,10 @@ class MpiStore(dist.Store):
         return all(self._ask_each_home("check", keys, timeout_s=self._timeout_s()).values())
 
     def wait(self, keys: list[str], timeout: timedelta | None = None) -> None:
-        self._ask_each_home("wait", keys, timeout_s=self._timeout_s() if timeout is None else timeout.total_seconds())
+        """Return once every key is set; ``timeout`` None or zero means the store's (torch's zero, "no timeout", would
+        let a missing rank hang the job)."""
+        timeout_s = timeout.total_seconds() if timeout else 0.0
+        self._ask_each_home("wait", keys, timeout_s=timeout_s or self._timeout_s())
 
     def num_keys(self) -> int:
         return sum(self._ask_many([(home, "num_keys", (), ()) for home in range(self.world_size)], self._timeout_s()))
@@ -207,7 +210,7 @@ class MpiStore(dist.Store):
                 pending.append(answer)
                 request = Request(self.rank, request_id, op, keys, args, timeout_s)
                 if home == self.rank:
-                    local_answers += self._table.handle(request, time.monotonic())
+                    local_answers += self._handled(request)
                 else:
                     self._sends.append(self._comm.isend(request, dest=home, tag=_REQUEST_TAG))
             self._last_activity = time.monotonic()
@@ -235,7 +238,7 @@ class MpiStore(dist.Store):
                     if status.Get_tag() == _ANSWER_TAG:
                         self._deliver([Answer(self.rank, *payload)])
                     else:
-                        self._deliver(self._table.handle(payload, time.monotonic()))
+                        self._deliver(self._handled(payload))
             now = time.monotonic()
             with self._lock:
                 self._deliver(self._table.expire(now))
@@ -250,6 +253,16 @@ class MpiStore(dist.Store):
                 self._wake.clear()
                 pause = _FIRST_PAUSE_S
 
+    def _handled(self, request: Request) -> list[Answer]:
+        """The table's answers to ``request``; an unexpected error is the asking rank's to raise, never the end of the
+        service thread (which would leave every rank asking this one to wait until its timeout)."""
+        try:
+            return self._table.handle(request, time.monotonic())
+        except Exception as error:  # any error: the thread must go on answering
+            failure = f"{type(error).__name__}: {error}"
+            text = f"rank {self.rank} failed to answer {request.op!r} of {list(request.keys)}: {failure}"
+            return [Answer(request.source, request.request_id, False, text)]
+
     def _deliver(self, answers: list[Answer]) -> None:
         """Hand each answer to this rank's waiting caller, or send it to the asking rank (the lock is held)."""
         for answer in answers:
@@ -258,7 +271,7 @@ class MpiStore(dist.Store):
                 if waiting is not None:  # None: its caller gave up before the answer came
                     waiting.complete(answer)
             else:
-                payload = (answer.request_id, answer.ok, answer.result)
+                payload = (answer.request_id, answer.ok, answer.result, answer.error_type)
                 self._sends.append(self._comm.isend(payload, dest=answer.destination, tag=_ANSWER_TAG))
 
 
@@ -285,7 +298,7 @@ class _PendingAnswer:
             )
         assert self._answer is not None
         if not self._answer.ok:
-            raise dist.DistStoreError(self._answer.result)
+            raise (ValueError if self._answer.error_type == "ValueError" else dist.DistStoreError)(self._answer.result)
         return self._answer.result
 
 
