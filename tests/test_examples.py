@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import os
 import re
+import subprocess
 import sys
 
 import pytest
-
-from helpers import REPO, job_environment, run_command
+from helpers import REPO, job_environment, needs_mpi, openmpi_run, run_command, slurm_environment
 
 pytestmark = pytest.mark.slow
 
@@ -57,8 +57,8 @@ def test_fabric_example_uses_its_hook_its_sampler_and_a_per_launch_file(tmp_path
     rendezvous_dir.mkdir()
     result = run_example("fabric_custom_sampler.py", tmp_path, "--rendezvous-dir", str(rendezvous_dir)).assert_ok()
     for rank in (0, 1):
-        assert re.search(rf"rank {rank}: init_process_group\('gloo', 'file://{rendezvous_dir}/ldh-uid-{os.geteuid()}/ldh-rendezvous-\S+', "
-                         r"world_size=2\)", result.output), result.output[-3000:]
+        assert re.search(rf"rank {rank}: init_process_group\('gloo', 'file://{rendezvous_dir}/ldh-uid-{os.geteuid()}/"
+                         r"ldh-rendezvous-\S+', world_size=2\)", result.output), result.output[-3000:]
     # 256 samples per epoch in all: each rank read its own half, through the sampler the example built.
     assert re.search(r"fabric ranks=2 backend=gloo .* samples_per_epoch=256 weights_equal_on_all_ranks=True",
                      result.output)
@@ -74,4 +74,66 @@ def test_lightning_cli_example_takes_our_flags_as_trainer_options(tmp_path):
                          f"--trainer.torch_dist_init_method=file://{rendezvous_dir}/").assert_ok()
     assert re.search(rf"cli ranks=2 backend=gloo init_method=file://{rendezvous_dir}/ldh-uid-{os.geteuid()}/"
                      r"ldh-rendezvous-", result.output)
+    assert list(rendezvous_dir.iterdir()) == []
+
+
+@pytest.mark.mpi
+@needs_mpi
+def test_mpirun_mpi_transport_example_trains_over_mpi_with_no_listening_socket(tmp_path):
+    # As its docstring says: mpirun --mca btl self,vader -n 2 python examples/mpirun_mpi_transport.py (openmpi_run()
+    # adds what root and 2 cores need, and keeps mpirun's own channel on loopback).
+    command = ["timeout", "150", *openmpi_run(), sys.executable, str(REPO / "examples" / "mpirun_mpi_transport.py")]
+    result = run_command(command, cwd=tmp_path, out_dir=tmp_path / "none", timeout=180).assert_ok()
+    assert "ranks=2 backend=mpi4py init_method=mpi:// weights_equal_on_all_ranks=True" in result.output
+    assert float(re.search(r"final_loss=([\d.]+)", result.output).group(1)) < 0.2
+    for rank in (0, 1):
+        assert re.search(rf"^rank {rank} \(pid \d+\): listening TCP sockets: none$", result.output, re.MULTILINE), (
+            result.output[-3000:])
+
+
+def submit_slurm_job(tmp_path, rendezvous_dir):
+    """``sbatch --wait examples/slurm_job.sbatch`` on the test SLURM, 1 node, 2 tasks: (exit code, job's output)."""
+    log = tmp_path / "job.out"
+    env = {**slurm_environment(), "RENDEZVOUS_DIR": str(rendezvous_dir), "PYTHON": sys.executable,
+           "EXAMPLES_DIR": str(REPO / "examples")}
+    command = ["sbatch", "--wait", "--nodes=1", "--ntasks-per-node=2", f"--output={log}",
+               str(REPO / "examples" / "slurm_job.sbatch")]
+    submitted = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=240,
+                               stdin=subprocess.DEVNULL)
+    job = re.search(r"Submitted batch job (\d+)", submitted.stdout)
+    assert job, submitted.stdout + submitted.stderr
+    output = log.read_text() if log.exists() else ""
+    # sbatch --wait exits with the job's exit code; SLURM records the same (kept MinJobAge=60 s after the end).
+    record = subprocess.run(["scontrol", "show", "job", job.group(1)], capture_output=True, text=True, timeout=30)
+    exit_code = re.search(r"ExitCode=(\d+):\d+", record.stdout)
+    assert exit_code is None or int(exit_code.group(1)) == submitted.returncode, record.stdout
+    return submitted.returncode, output
+
+
+@pytest.mark.cluster
+def test_slurm_job_runs_the_doctor_then_trains_through_a_dir_rendezvous(slurm_cluster, tmp_path):
+    rendezvous_dir = tmp_path / "shared"
+    rendezvous_dir.mkdir(mode=0o700)
+    returncode, output = submit_slurm_job(tmp_path, rendezvous_dir)
+    assert returncode == 0, output[-6000:]
+    assert "lightning-dist-hooks doctor: 2 ranks, backend gloo, init method dir://" in output
+    assert re.search(r"^every check passed$", output, re.MULTILINE), output[-6000:]
+    # Step 0 was the doctor, step 1 trains: each step meets in a rendezvous of its own, named after the job and step.
+    assert re.search(rf"^ranks=2 backend=gloo init_method=dir://{rendezvous_dir}/ldh-uid-{os.geteuid()}/"
+                     r"ldh-rendezvous-SLURM_JOB_ID-\d+-SLURM_STEP_ID-1-\S+ weights_equal_on_all_ranks=True "
+                     r"final_loss=0\.\d+$", output, re.MULTILINE), output[-6000:]
+    assert list(rendezvous_dir.iterdir()) == []
+
+
+@pytest.mark.cluster
+def test_slurm_job_stops_before_training_when_the_doctor_fails(slurm_cluster, tmp_path):
+    # A rendezvous directory every user may write to, without the sticky bit: the doctor's `private` check fails.
+    rendezvous_dir = tmp_path / "open"
+    rendezvous_dir.mkdir()
+    rendezvous_dir.chmod(0o777)
+    returncode, output = submit_slurm_job(tmp_path, rendezvous_dir)
+    assert returncode == 1, output[-6000:]
+    assert f"FAIL  private: {rendezvous_dir} (owner" in output
+    assert "slurm_job.sbatch: the doctor found a problem (above); not training" in output
+    assert "ranks=2 backend=gloo" not in output and "Initializing distributed" not in output
     assert list(rendezvous_dir.iterdir()) == []
