@@ -124,33 +124,75 @@ def _check_single_backend(given: str, name: str) -> None:
         )
 
 
-def check_backend_fits_devices(backend: str, uses_cuda: bool) -> None:
-    """NCCL runs only between CUDA devices, the mpi4py transport only on CPU: say so before a run tries."""
+def backend_flag(backend: str, given: str | None = None) -> str:
+    """``torch_dist_backend`` as messages name it: as the user wrote it (``given``), and, where that became this
+    package's MPI transport, saying so; ``backend`` (the normalized name) where ``given`` is not known.
+
+    >>> backend_flag("mpi4py", given="mpi")
+    "torch_dist_backend='mpi' (the mpi4py transport)"
+    >>> backend_flag("gloo", given="GLOO"), backend_flag("mpi4py")
+    ("torch_dist_backend='GLOO'", "torch_dist_backend='mpi4py'")
+    """
+    if given is None:
+        return f"torch_dist_backend={backend!r}"
+    written = f"torch_dist_backend={given!r}"
+    if given.strip().lower() == backend:
+        return written
+    if backend == mpi.BACKEND_NAME:
+        return f"{written} (the {mpi.BACKEND_NAME} transport)"
+    return f"{written} (used as {backend!r})"
+
+
+def check_backend_fits_devices(backend: str, uses_cuda: bool, *, given: str | None = None) -> None:
+    """NCCL runs only between CUDA devices, the mpi4py transport only on CPU: say so before a run tries.
+
+    ``given`` is the value as the user wrote it, for the message (see :func:`backend_flag`).
+    """
+    flag = backend_flag(backend, given)
     if backend == mpi.BACKEND_NAME and uses_cuda:
         raise ValueError(
-            f"torch_dist_backend={backend!r} moves CPU tensors only, but this Trainer runs on CUDA. Use "
+            f"{flag} moves CPU tensors only, but this Trainer runs on CUDA. Use "
             "torch_dist_backend='nccl' on GPUs, or Trainer(accelerator='cpu')."
         )
     if "nccl" in backend and not uses_cuda and ":" not in backend:
         raise ValueError(
-            f"torch_dist_backend={backend!r} needs CUDA devices, but this Trainer's accelerator is not CUDA. "
+            f"{flag} needs CUDA devices, but this Trainer's accelerator is not CUDA. "
             "Use torch_dist_backend='gloo' for CPU training, or Trainer(accelerator='cuda')."
         )
 
 
+def _processes(count: int) -> str:
+    return f"{count} process{'' if count == 1 else 'es'}"
+
+
 def check_mpi_launch(
-    backend: str | None, init_method: str | None, needs_mpi_launch: bool, num_devices: int, num_nodes: int
+    backend: str | None,
+    init_method: str | None,
+    needs_mpi_launch: bool,
+    num_devices: int,
+    num_nodes: int,
+    *,
+    given_backend: str | None = None,
+    devices_by_default: str | None = None,
+    owner: str = "Trainer",
 ) -> None:
     """An MPI backend, or an init method whose scheme ``needs_mpi_launch`` (``mpi://``), needs ranks started by an
     MPI launcher, as many as the Trainer expects.
 
     Checked from the launcher's environment variables (:func:`lightning_dist_hooks.mpi.detect_mpi_launch`), so
-    MPI is not initialised. Does nothing when neither the backend nor the init method needs MPI.
+    MPI is not initialised. Does nothing when neither the backend nor the init method needs MPI. For the messages:
+    ``given_backend`` is ``torch_dist_backend`` as the user wrote it; ``devices_by_default``, where the user left
+    ``devices`` at Lightning's default ``'auto'``, what that gave (e.g. ``"1 process per node on CPU"``); ``owner``
+    names the class (``Trainer``, ``Fabric``).
     """
     uses_backend = backend in MPI_BACKENDS
     if not uses_backend and not needs_mpi_launch:
         return
-    flag = f"torch_dist_backend={backend!r}" if uses_backend else f"torch_dist_init_method={init_method!r}"
+    flag = (
+        backend_flag(backend, given_backend)
+        if backend is not None and uses_backend
+        else f"torch_dist_init_method={init_method!r}"
+    )
     expected = num_devices * num_nodes
     launch = mpi.detect_mpi_launch()
     if launch is None and "PMIX_RANK" in os.environ:
@@ -162,9 +204,37 @@ def check_mpi_launch(
             f"MPICH/Intel MPI, MVAPICH or PMIx is set). Start the script with `mpirun -n {expected} python ...` (or "
             f"`srun --mpi=pmix --ntasks-per-node={num_devices} python ...` under SLURM), or use {otherwise}."
         )
-    if launch.world_size != expected:
+    if launch.world_size == expected:
+        return
+    if devices_by_default is not None:
         raise ValueError(
-            f"Trainer(devices={num_devices}, num_nodes={num_nodes}) makes a world of {expected} processes, but the "
-            f"MPI launcher started {launch.world_size} ({flag}). Start the job with `mpirun -n {expected}`, or set "
-            f"devices x num_nodes to {launch.world_size}."
+            f"{owner}(num_nodes={num_nodes}) leaves devices at its default ('auto': {devices_by_default}), which "
+            f"makes a world of {_processes(expected)}, but the MPI launcher started {launch.world_size} ({flag}). "
+            f"{_devices_fix(launch.world_size, launch.local_world_size, num_nodes, owner)}"
         )
+    raise ValueError(
+        f"{owner}(devices={num_devices}, num_nodes={num_nodes}) makes a world of {_processes(expected)}, but the "
+        f"MPI launcher started {launch.world_size} ({flag}). Start the job with `mpirun -n {expected}`, or set "
+        f"devices x num_nodes to {launch.world_size}."
+    )
+
+
+def _devices_fix(world_size: int, ranks_per_node: int, num_nodes: int, owner: str) -> str:
+    """What to pass for ``devices`` (and ``num_nodes``) to match a launcher of ``world_size`` ranks, this node's
+    ``ranks_per_node`` of them (1 may only mean that the launcher does not say).
+
+    >>> _devices_fix(2, 2, 1, "Trainer")
+    "Pass devices=2, the launcher's ranks per node: Trainer(devices=2, num_nodes=1)."
+    >>> _devices_fix(8, 4, 1, "Fabric")
+    "Pass devices=4, the launcher's ranks per node, and num_nodes=2: Fabric(devices=4, num_nodes=2)."
+    >>> _devices_fix(6, 1, 2, "Trainer")
+    "Pass devices=N, N the launcher's ranks per node, with N x num_nodes = 6."
+    """
+    if ranks_per_node > 1 and world_size % ranks_per_node == 0:
+        nodes = world_size // ranks_per_node
+        also = f", and num_nodes={nodes}" if nodes != num_nodes else ""
+        return (
+            f"Pass devices={ranks_per_node}, the launcher's ranks per node{also}: "
+            f"{owner}(devices={ranks_per_node}, num_nodes={nodes})."
+        )
+    return f"Pass devices=N, N the launcher's ranks per node, with N x num_nodes = {world_size}."

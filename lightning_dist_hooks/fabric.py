@@ -9,9 +9,10 @@ from typing import Any, Callable, Optional  # noqa: UP035 - see above
 from lightning_dist_hooks import _lightning_internals
 from lightning_dist_hooks._lightning_internals import check_same_package
 from lightning_dist_hooks.config import ProcessGroupConfig
+from lightning_dist_hooks.hooks import check_setup_callable
 from lightning_dist_hooks.signatures import keyword_parameter, with_documented_arguments, with_keyword_parameters
 from lightning_dist_hooks.trainer import FLAG_DOCS, FLAG_PARAMETERS
-from lightning_dist_hooks.wiring import apply_flags, with_detected_cluster_environment
+from lightning_dist_hooks.wiring import apply_flags, devices_left_at_auto, with_detected_cluster_environment
 
 SetupDistributedBackend = Callable[..., None]  # (backend, init_method, rank, world_size, timeout[, device_id])
 
@@ -74,6 +75,7 @@ class DistributedHooksFabricMixin:
                 "(backend, init_method, rank, world_size, timeout, device_id=None) that creates the default process "
                 "group, or None."
             )
+        check_setup_callable(setup_distributed_backend, f"{type(self).__name__}(...)")
         flavour = _lightning_internals.flavour_of(type(self))
         if flavour is None:
             raise TypeError(
@@ -83,7 +85,9 @@ class DistributedHooksFabricMixin:
         check_same_package(self, kwargs)
         super().__init__(*args, **with_detected_cluster_environment(kwargs, flavour))
         strategy = self.strategy  # type: ignore[attr-defined]  # the Fabric's, which the mixin precedes
-        self._process_group_config = apply_flags(self, strategy, config, flavour, setup_distributed_backend)
+        self._process_group_config = apply_flags(
+            self, strategy, config, flavour, setup_distributed_backend, devices_by_default=devices_left_at_auto(kwargs)
+        )
 
     @property
     def torch_dist_backend(self) -> str | None:

@@ -8,8 +8,9 @@ hints. This module imports no Lightning package: the mixin serves both.
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from datetime import timedelta
+from enum import Enum
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -49,14 +50,186 @@ def takes_device_id(hook: Callable[..., Any]) -> bool:
     return any(p.name == "device_id" or p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters)
 
 
+# The hooks' documented signatures, as the messages below show them (methods with ``self``; Fabric's callable without).
+SETUP_HOOK = "setup_distributed_backend"
+SAMPLER_HOOK = "configure_sampler"
+EXPECTED_PARAMETERS = {
+    SETUP_HOOK: "backend, init_method, rank, world_size, timeout, device_id=None",
+    SAMPLER_HOOK: "dataloader, stage",
+}
+_ALSO_ACCEPTED = {
+    SETUP_HOOK: "the five-argument form without device_id, *args and **kwargs work too",
+    SAMPLER_HOOK: "*args and **kwargs work too",
+}
+
+
+class _Placeholder:
+    """Stands for an argument of a hook call in :func:`hook_call_problem`: only its position and name matter."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def __repr__(self) -> str:
+        return f"<{self.name}>"
+
+
+def hook_call_problem(name: str, hook: object) -> str | None:
+    """Why ``hook`` cannot be called the way each rank calls hook ``name``, or None where it can (or where its
+    signature cannot be read, as for some builtins).
+
+    The arguments are bound exactly as the rank passes them: ``setup_distributed_backend`` gets five positional
+    arguments, plus ``device_id=`` where :func:`takes_device_id`; ``configure_sampler`` gets two positional ones.
+
+    >>> hook_call_problem("setup_distributed_backend", lambda backend, init_method, rank, world_size, timeout: None)
+    >>> hook_call_problem("setup_distributed_backend", lambda *args, **kwargs: None)
+    >>> hook_call_problem("configure_sampler", lambda dataloader: None)
+    'too many positional arguments'
+    """
+    if not callable(hook):
+        return f"it is not callable but {type(hook).__name__}"
+    try:
+        signature = inspect.signature(hook)
+    except (TypeError, ValueError):  # no signature to read: nothing to check before the call
+        return None
+    arguments = [_Placeholder(part.split("=")[0]) for part in EXPECTED_PARAMETERS[name].split(", ")]
+    keywords = {}
+    if name == SETUP_HOOK:
+        *arguments, device_id = arguments
+        if takes_device_id(hook):
+            keywords["device_id"] = device_id
+    try:
+        signature.bind(*arguments, **keywords)
+    except TypeError as error:
+        return str(error)
+    return None
+
+
+def _found_signature(owner: type | None, name: str, hook: object) -> str:
+    """How the user wrote ``name``: the function as defined on its class (``self`` included), else the callable's."""
+    defined = inspect.getattr_static(owner, name, None) if owner is not None else None
+    target = defined.__func__ if isinstance(defined, (staticmethod, classmethod)) else defined
+    shown = target if callable(target) else hook
+    try:
+        return f"{name}{inspect.signature(shown)}" if callable(shown) else f"{name}(...)"
+    except (TypeError, ValueError):
+        return f"{name}(...)"
+
+
+def _class_name(cls: type) -> str:
+    """``cls``'s qualified name, without the ``f.<locals>.`` of a class defined in a function."""
+    return cls.__qualname__.rsplit("<locals>.", 1)[-1]
+
+
+def check_hook(owner: object, name: str, where: str) -> None:
+    """Raise ``TypeError`` when ``owner``'s override of hook ``name`` cannot take the arguments every rank will pass.
+
+    Called in the launching process, before any process starts, so that a wrong signature is one message here
+    rather than one traceback per rank once the job has left the queue.
+    """
+    hook = user_hook(owner, name)
+    if hook is None:
+        return
+    problem = hook_call_problem(name, hook)
+    if problem is None:
+        return
+    defining = next((cls for cls in type(owner).__mro__ if name in cls.__dict__), type(owner))
+    inherited = "" if defining is type(owner) else f" (inherited by {_class_name(type(owner))})"
+    raise TypeError(
+        f"{_class_name(defining)}.{name}{inherited} is declared as {_found_signature(type(owner), name, hook)}, "
+        f"which cannot take the arguments every rank passes it ({problem}). Declare it as "
+        f"{name}(self, {EXPECTED_PARAMETERS[name]}) ({_ALSO_ACCEPTED[name]}). Checked at {where}, before any "
+        "process starts."
+    )
+
+
+def check_hooks(module: object, datamodules: Iterable[object], where: str, creates_process_group: bool) -> None:
+    """Check the hooks of the LightningModule ``module`` that will be called (``setup_distributed_backend`` only where
+    the strategy ``creates_process_group``: elsewhere a method of that name is the module's own business) and
+    ``configure_sampler`` of each datamodule (of any object given to ``fit``/``validate``/``test``/``predict``
+    besides the module: only those defining the hook count). Raise ``TypeError`` on the first one that cannot be
+    called as each rank will call it."""
+    if creates_process_group:
+        check_hook(module, SETUP_HOOK, where)
+    check_hook(module, SAMPLER_HOOK, where)
+    for datamodule in datamodules:
+        if datamodule is not module:
+            check_hook(datamodule, SAMPLER_HOOK, where)
+
+
+def check_setup_callable(hook: Callable[..., Any] | None, where: str) -> None:
+    """Raise ``TypeError`` when Fabric's ``setup_distributed_backend=`` callable cannot take the arguments every
+    rank passes it (see :func:`hook_call_problem`)."""
+    if hook is None:
+        return
+    problem = hook_call_problem(SETUP_HOOK, hook)
+    if problem is None:
+        return
+    qualified_name = getattr(hook, "__qualname__", None)
+    shown = qualified_name.rsplit("<locals>.", 1)[-1] if isinstance(qualified_name, str) else _class_name(type(hook))
+    raise TypeError(
+        f"setup_distributed_backend={shown} is declared as {_found_signature(None, SETUP_HOOK, hook)}, which "
+        f"cannot take the arguments every rank passes it ({problem}). Declare it as "
+        f"{SETUP_HOOK}({EXPECTED_PARAMETERS[SETUP_HOOK]}) ({_ALSO_ACCEPTED[SETUP_HOOK]}). Checked at {where}, before "
+        "any process starts."
+    )
+
+
+class Stage(str):
+    """What ``configure_sampler`` receives as ``stage``: ``"train"``, ``"validate"``, ``"test"`` or ``"predict"``.
+
+    A ``str`` that prints as its value, and stands for Lightning's ``RunningStage`` wherever code compares or looks
+    at one: it equals the member (and the plain value, case-insensitively, as the member does), hashes alike, and
+    has the member's attributes (``value``, ``name``, ``evaluating``, ``dataloader_prefix``); ``running_stage``
+    is the member itself. Only ``is`` and ``isinstance(stage, RunningStage)`` tell them apart.
+
+    >>> from enum import Enum
+    >>> class RunningStage(str, Enum):  # stands for Lightning's here
+    ...     TRAINING = "train"
+    >>> stage = Stage(RunningStage.TRAINING)
+    >>> print(stage)
+    train
+    >>> f"{stage}", stage == RunningStage.TRAINING, RunningStage.TRAINING == stage, stage.value, stage.name
+    ('train', True, True, 'train', 'TRAINING')
+    """
+
+    running_stage: Any
+
+    def __new__(cls, running_stage: Enum) -> Stage:
+        stage = super().__new__(cls, running_stage.value)
+        stage.running_stage = running_stage
+        return stage
+
+    def __eq__(self, other: object) -> bool:
+        return bool(self.running_stage == other)
+
+    def __ne__(self, other: object) -> bool:
+        return not self == other
+
+    __hash__ = str.__hash__  # the value's hash, as RunningStage's (its values are lower-case)
+
+    def __getattr__(self, name: str) -> Any:
+        running_stage = self.__dict__.get("running_stage")
+        if running_stage is None or name.startswith("__"):
+            raise AttributeError(name)
+        return getattr(running_stage, name)
+
+    def __reduce__(self) -> tuple[type[Stage], tuple[Enum]]:
+        return Stage, (self.running_stage,)
+
+
+def as_running_stage(stage: Any) -> Any:
+    """Lightning's ``RunningStage`` for a :class:`Stage`; anything else as it is."""
+    return stage.running_stage if isinstance(stage, Stage) else stage
+
+
 def lightning_default_sampler(trainer: Trainer, dataloader: DataLoader, stage: RunningStage) -> Sampler | None:
     """The sampler Lightning's Trainer would give ``dataloader`` today, or None where it keeps the loader.
 
     Honours ``use_distributed_sampler``, wraps custom samplers in ``DistributedSamplerWrapper`` and uses the
     predict-time wrapper, as Lightning does. Call it from a ``configure_sampler`` override (a datamodule's too)
-    to fall back to Lightning's choice for some loaders.
+    to fall back to Lightning's choice for some loaders; ``stage`` is the one the hook received.
     """
-    return _lightning_internals.lightning_sampler_choice(trainer, dataloader, stage)
+    return _lightning_internals.lightning_sampler_choice(trainer, dataloader, as_running_stage(stage))
 
 
 class DistributedHooksMixin:
@@ -115,7 +288,7 @@ class DistributedHooksMixin:
         Args:
             dataloader: the loader as the user's ``*_dataloader`` returned it.
             stage: ``"train"``, ``"validate"`` (also when prepared for the sanity check), ``"test"`` or
-                ``"predict"``.
+                ``"predict"``: a :class:`Stage`, which prints as that and equals Lightning's ``RunningStage``.
 
         Returns:
             A ``Sampler``: the loader is rebuilt with it (batch size, workers, collate kept).
@@ -137,7 +310,7 @@ def user_hook(owner: object, name: str) -> Callable[..., Any] | None:
     return getattr(owner, name)
 
 
-def sampler_hook(trainer: Trainer) -> Callable[[DataLoader, RunningStage], Sampler | None] | None:
+def sampler_hook(trainer: Trainer) -> Callable[[DataLoader, Stage], Sampler | None] | None:
     """The ``configure_sampler`` to call: the datamodule's wins over the LightningModule's."""
     datamodule = trainer.datamodule  # type: ignore[attr-defined]  # set by Lightning's data connector
     return user_hook(datamodule, "configure_sampler") or user_hook(trainer.lightning_module, "configure_sampler")

@@ -8,7 +8,7 @@ from torch.utils.data import DataLoader
 
 from lightning_dist_hooks import _lightning_internals
 from lightning_dist_hooks._lightning_internals import Flavour
-from lightning_dist_hooks.hooks import sampler_hook
+from lightning_dist_hooks.hooks import Stage, sampler_hook
 
 
 class SamplerHookError(RuntimeError):
@@ -18,13 +18,15 @@ class SamplerHookError(RuntimeError):
 def _prepare_with_configure_sampler(self: Any, dataloader: object, shuffle: bool, mode: Any) -> object:
     """Lightning's preparation of a dataloader, except that a user's ``configure_sampler`` decides its sampler.
 
-    Without an override, Lightning's own code runs untouched, so the default is bit-for-bit today's behaviour.
+    Without an override, Lightning's own code runs untouched, so the default is bit-for-bit today's behaviour. The
+    hook gets ``mode`` as a :class:`Stage`: it prints as ``"train"`` (not ``RunningStage.TRAINING``) and equals
+    ``mode``.
     """
     configure_sampler = sampler_hook(self.trainer)
     if configure_sampler is None or not isinstance(dataloader, DataLoader):
         return _lightning_internals.lightning_prepare_dataloader(self, dataloader, shuffle, mode)
     try:
-        sampler = configure_sampler(dataloader, mode)
+        sampler = configure_sampler(dataloader, Stage(mode))
     except Exception as error:
         raise SamplerHookError(
             f"configure_sampler raised {type(error).__name__} on rank {self.trainer.global_rank} of "

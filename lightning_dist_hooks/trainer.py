@@ -9,6 +9,7 @@ from typing import Any, Optional
 from lightning_dist_hooks import _lightning_internals
 from lightning_dist_hooks._lightning_internals import Flavour, check_same_package
 from lightning_dist_hooks.config import ProcessGroupConfig
+from lightning_dist_hooks.hooks import check_hooks
 from lightning_dist_hooks.sampling import install_sampler_hook
 from lightning_dist_hooks.signatures import (
     keyword_parameter,
@@ -16,7 +17,8 @@ from lightning_dist_hooks.signatures import (
     with_documented_arguments,
     with_keyword_parameters,
 )
-from lightning_dist_hooks.wiring import apply_flags, with_detected_cluster_environment
+from lightning_dist_hooks.strategy import creates_process_group
+from lightning_dist_hooks.wiring import apply_flags, devices_left_at_auto, with_detected_cluster_environment
 
 # Our parameters, as they appear in the Trainer's signature, ``--help`` and ``LightningCLI``.
 FLAG_DOCS = {
@@ -57,6 +59,8 @@ class DistributedHooksTrainerMixin:
     started this process (``lightning_dist_hooks.environments.detection_order()``) is added to ``plugins``.
 
     Both are checked here, before any process starts; a bad value raises ``ValueError`` naming it and the fix.
+    ``fit``, ``validate``, ``test`` and ``predict`` check the signatures of the module's and the datamodule's hooks
+    before Lightning starts any process; one that cannot take the documented arguments raises ``TypeError``.
     All other arguments are the parent Trainer's, unchanged. The class gets an ``__init__`` whose signature is the
     parent's plus ours, so that ``inspect.signature``, ``PL_TRAINER_*`` defaults and ``LightningCLI`` see both, and
     ``fit``, ``validate``, ``test`` and ``predict`` with the parent's signatures and docstrings.
@@ -98,22 +102,35 @@ class DistributedHooksTrainerMixin:
 
     def fit(self, model: Any, *args: Any, **kwargs: Any) -> Any:
         check_same_package(self, {"model": model, **kwargs})
+        _check_hooks(self, "fit", model, args, kwargs)
         return super().fit(model, *args, **kwargs)  # type: ignore[misc]  # the Trainer's, after the mixin
 
     def validate(self, model: Any = None, *args: Any, **kwargs: Any) -> Any:
         check_same_package(self, {"model": model, **kwargs})
+        _check_hooks(self, "validate", model, args, kwargs)
         return super().validate(model, *args, **kwargs)  # type: ignore[misc]  # the Trainer's, after the mixin
 
     def test(self, model: Any = None, *args: Any, **kwargs: Any) -> Any:
         check_same_package(self, {"model": model, **kwargs})
+        _check_hooks(self, "test", model, args, kwargs)
         return super().test(model, *args, **kwargs)  # type: ignore[misc]  # the Trainer's, after the mixin
 
     def predict(self, model: Any = None, *args: Any, **kwargs: Any) -> Any:
         check_same_package(self, {"model": model, **kwargs})
+        _check_hooks(self, "predict", model, args, kwargs)
         return super().predict(model, *args, **kwargs)  # type: ignore[misc]  # the Trainer's, after the mixin
 
 
 _RUN_METHODS = ("fit", "validate", "test", "predict")
+
+
+def _check_hooks(trainer: Any, method: str, model: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+    """Check the hooks' signatures of the module (the trainer's own where ``model`` is None, as Lightning then uses
+    it) and of a datamodule among the other arguments, here in the launching process, before Lightning's launcher
+    starts any: a wrong signature is then one ``TypeError`` here, not one traceback per rank."""
+    module = model if model is not None else trainer.lightning_module
+    where = f"{type(trainer).__name__}.{method}()"
+    check_hooks(module, [*args, *kwargs.values()], where, creates_process_group(trainer.strategy))
 
 
 def trainer_flavour(trainer_class: type) -> Flavour:
@@ -138,7 +155,9 @@ def _initialize(
     flavour = trainer_flavour(type(trainer))
     check_same_package(trainer, kwargs)
     lightning_init(*args, **with_detected_cluster_environment(kwargs, flavour))
-    trainer._process_group_config = apply_flags(trainer, trainer.strategy, config, flavour)
+    trainer._process_group_config = apply_flags(
+        trainer, trainer.strategy, config, flavour, devices_by_default=devices_left_at_auto(kwargs)
+    )
     install_sampler_hook(trainer)
 
 

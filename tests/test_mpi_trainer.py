@@ -108,7 +108,8 @@ def test_mpi_init_method_without_mpi4py_names_the_install_command_and_a_socket_f
 @pytest.mark.parametrize("flags", [{"torch_dist_backend": "mpi"}, {"torch_dist_backend": "mpi4py",
                                                                     "torch_dist_init_method": "mpi://"}])
 def test_mpi_outside_an_mpi_launcher_says_to_start_with_mpirun(flags):
-    with pytest.raises(ValueError, match=r"torch_dist_backend='mpi4py' needs every rank started by an MPI launcher, "
+    with pytest.raises(ValueError, match=r"torch_dist_backend='mpi(' \(the mpi4py transport\)|4py') needs every rank "
+                                         r"started by an MPI launcher, "
                                          r"but this process was not .* Start the script with `mpirun -n 4 python "
                                          r"\.\.\.` \(or `srun --mpi=pmix --ntasks-per-node=2"):
         Trainer(accelerator="cpu", devices=2, num_nodes=2, strategy="ddp", logger=False, **flags)
@@ -119,9 +120,58 @@ def test_mpi_outside_an_mpi_launcher_says_to_start_with_mpirun(flags):
 def test_mpi_job_of_another_size_than_the_trainer_names_both(monkeypatch):
     as_if_started_by_mpirun(monkeypatch, ranks=3)
     with pytest.raises(ValueError, match=r"Trainer\(devices=2, num_nodes=1\) makes a world of 2 processes, but the "
-                                         r"MPI launcher started 3 \(torch_dist_backend='mpi4py'\)\. Start the job "
+                                         r"MPI launcher started 3 \(torch_dist_backend='mpi' \(the mpi4py "
+                                         r"transport\)\)\. Start the job "
                                          r"with `mpirun -n 2`, or set devices x num_nodes to 3\."):
         Trainer(accelerator="cpu", devices=2, strategy="ddp", torch_dist_backend="mpi", logger=False)
+
+
+@pytest.mark.unit
+@pytest.mark.skipif(not mpi.is_available(), reason="needs mpi4py")
+@pytest.mark.parametrize("devices", [{}, {"devices": "auto"}], ids=["devices left out", "devices='auto'"])
+def test_devices_left_at_auto_under_mpirun_says_so_and_names_the_ranks_per_node(monkeypatch, devices):
+    # Issue 30: Lightning's devices="auto" is 1 process on CPU; the message must not show a devices=1 never written.
+    as_if_started_by_mpirun(monkeypatch, ranks=2)
+    with pytest.raises(ValueError) as error:
+        Trainer(accelerator="cpu", strategy="ddp", torch_dist_backend="mpi", logger=False, **devices)
+    assert str(error.value) == (
+        "Trainer(num_nodes=1) leaves devices at its default ('auto': 1 process per node on CPU), which makes a world "
+        "of 1 process, but the MPI launcher started 2 (torch_dist_backend='mpi' (the mpi4py transport)). Pass "
+        "devices=2, the launcher's ranks per node: Trainer(devices=2, num_nodes=1)."
+    )
+
+
+@pytest.mark.unit
+@pytest.mark.skipif(not mpi.is_available(), reason="needs mpi4py")
+def test_devices_left_at_auto_on_several_nodes_names_devices_and_num_nodes(monkeypatch):
+    for name, value in {"RANK": 0, "SIZE": 8, "LOCAL_RANK": 0, "LOCAL_SIZE": 4}.items():
+        monkeypatch.setenv(f"OMPI_COMM_WORLD_{name}", str(value))
+    with pytest.raises(ValueError, match=r"^Trainer\(num_nodes=1\) leaves devices at its default \('auto': 1 process "
+                                         r"per node on CPU\), .* started 8 \(torch_dist_init_method='mpi://'\)\. "
+                                         r"Pass devices=4, the launcher's ranks per node, and num_nodes=2: "
+                                         r"Trainer\(devices=4, num_nodes=2\)\.$"):
+        Trainer(accelerator="cpu", strategy="ddp", torch_dist_backend="gloo", torch_dist_init_method="mpi://",
+                logger=False)
+
+
+@pytest.mark.unit
+@pytest.mark.skipif(not mpi.is_available(), reason="needs mpi4py")
+def test_fabric_with_devices_left_at_auto_under_mpirun_names_itself(monkeypatch):
+    from lightning_dist_hooks import Fabric
+
+    as_if_started_by_mpirun(monkeypatch, ranks=2)
+    with pytest.raises(ValueError, match=r"^Fabric\(num_nodes=1\) leaves devices at its default \('auto': 1 process "
+                                         r"per node on CPU\).* Pass devices=2, the launcher's ranks per node: "
+                                         r"Fabric\(devices=2, num_nodes=1\)\.$"):
+        Fabric(accelerator="cpu", strategy="ddp", torch_dist_backend="mpi")
+
+
+@pytest.mark.unit
+@pytest.mark.skipif(not mpi.is_available(), reason="needs mpi4py")
+def test_mpi_outside_an_mpi_launcher_names_the_backend_as_written():
+    with pytest.raises(ValueError, match=r"^torch_dist_backend='MPI' \(the mpi4py transport\) needs every rank "
+                                         r"started by an MPI launcher"):
+        Trainer(accelerator="cpu", devices=2, strategy="ddp", torch_dist_backend="MPI", logger=False)
 
 
 @pytest.mark.slow  # Lightning's MPIEnvironment.detect() initialises MPI: Open MPI's singleton starts an orted

@@ -94,6 +94,14 @@ def test_the_mpi4py_transport_on_cuda_devices_suggests_nccl():
         check_backend_fits_devices("mpi4py", uses_cuda=True)
 
 
+def test_the_mpi4py_transport_on_cuda_devices_is_named_as_the_user_wrote_it():
+    # Issue 30: torch_dist_backend="mpi" became the transport; the user never wrote 'mpi4py'.
+    with pytest.raises(ValueError, match=r"^torch_dist_backend='mpi' \(the mpi4py transport\) moves CPU tensors only"):
+        check_backend_fits_devices("mpi4py", uses_cuda=True, given="mpi")
+    with pytest.raises(ValueError, match=r"^torch_dist_backend='NCCL' needs CUDA devices"):
+        check_backend_fits_devices("nccl", uses_cuda=False, given="NCCL")
+
+
 @pytest.mark.parametrize("flags", [
     {"torch_dist_backend": "mpi4py"}, {"torch_dist_backend": "cpu:mpi4py"},
     pytest.param({"torch_dist_backend": "mpi"}, marks=pytest.mark.skipif(
@@ -215,6 +223,14 @@ def test_only_a_trailing_slash_means_one_file_per_launch(tmp_path: Path):
 def test_flags_on_a_run_without_a_process_group_warn_that_they_are_ignored(package):
     with pytest.warns(UserWarning, match=r"torch_dist_backend='gloo' .* are ignored: SingleDeviceStrategy creates no process group"):
         make_trainer(package, devices=1, strategy="auto", torch_dist_backend="gloo")
+
+
+@pytest.mark.skipif(not TRANSPORT_OFFERED, reason="needs mpi4py and a torch the MPI transport supports")
+@pytest.mark.skipif(dist.is_mpi_available(), reason="this torch has native MPI, which 'mpi' names before the transport")
+def test_the_ignored_flags_warning_names_the_backend_as_the_user_wrote_it():
+    with pytest.warns(UserWarning, match=r"^torch_dist_backend='mpi' \(the mpi4py transport\) and "
+                                         r"torch_dist_init_method='mpi://' are ignored: SingleDeviceStrategy"):
+        make_trainer(devices=1, strategy="auto", torch_dist_backend="mpi")
 
 
 def test_no_warning_without_flags_on_one_device():
