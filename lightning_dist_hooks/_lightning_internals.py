@@ -20,9 +20,12 @@ from __future__ import annotations
 
 import importlib
 import logging
+import os
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
+from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
@@ -150,7 +153,10 @@ class Flavour:
         return self.fabric_name(".plugins.environments", name)
 
     def rank_zero_warn(self, message: str) -> None:
-        self.fabric_name(".utilities.rank_zero", "rank_zero_warn")(message)
+        """Lightning's ``rank_zero_warn``, pointing at the user's line (their ``Trainer(...)`` or ``fit(...)``), not
+        at ours: it names the frame ``stacklevel`` levels above its own ``_warn`` (4: its caller, this method; 5: the
+        caller of this method)."""
+        self.fabric_name(".utilities.rank_zero", "rank_zero_warn")(message, stacklevel=5 + _frames_above_to_user_code())
 
     def rank_zero_info(self, message: str) -> None:
         self.fabric_name(".utilities.rank_zero", "rank_zero_info")(message)
@@ -322,3 +328,20 @@ def lightning_prepare_dataloader(connector: Any, dataloader: object, shuffle: bo
 def replace_data_connector_class(trainer: Any, connector_class: type) -> None:
     """Give the trainer's data connector a subclass of its flavour's ``DataConnector``, keeping its state."""
     trainer._data_connector.__class__ = connector_class
+
+
+# Packages whose frames stand between a warning of ours and the user's code that caused it.
+_NOT_USER_CODE = ("lightning_dist_hooks", "pytorch_lightning", "lightning_fabric", "lightning", "lightning_utilities")
+
+
+def _frames_above_to_user_code() -> int:
+    """How many frames above the caller of this function's caller the first frame of user code is (0: that caller is
+    called by user code). Frames of this package and of Lightning's are skipped; none found: the outermost frame."""
+    files = (getattr(sys.modules.get(name), "__file__", None) for name in _NOT_USER_CODE)
+    directories = tuple(str(Path(file).parent) + os.sep for file in files if file)
+    frame = sys._getframe(2)  # the caller of Flavour.rank_zero_warn
+    levels = 0
+    while frame.f_back is not None and frame.f_code.co_filename.startswith(directories):
+        frame = frame.f_back
+        levels += 1
+    return levels

@@ -6,6 +6,7 @@ import os
 import pwd
 import re
 import shutil
+import sys
 import tempfile
 import warnings
 from contextlib import contextmanager
@@ -102,10 +103,14 @@ def test_the_mpi4py_transport_on_cuda_devices_is_named_as_the_user_wrote_it():
         check_backend_fits_devices("nccl", uses_cuda=False, given="NCCL")
 
 
+# Without mpi4py, "mpi4py" and "mpi" are refused first for the missing mpi4py (test_mpi_trainer.py), before the range.
+_NEEDS_MPI4PY = pytest.mark.skipif(not mpi.is_available(), reason="needs mpi4py: without it, mpi4py is what is named")
+
+
 @pytest.mark.parametrize("flags", [
-    {"torch_dist_backend": "mpi4py"}, {"torch_dist_backend": "cpu:mpi4py"},
-    pytest.param({"torch_dist_backend": "mpi"}, marks=pytest.mark.skipif(
-        dist.is_mpi_available(), reason="this torch has native MPI, which 'mpi' names before the transport")),
+    pytest.param({"torch_dist_backend": "mpi4py"}, marks=_NEEDS_MPI4PY), {"torch_dist_backend": "cpu:mpi4py"},
+    pytest.param({"torch_dist_backend": "mpi"}, marks=[_NEEDS_MPI4PY, pytest.mark.skipif(
+        dist.is_mpi_available(), reason="this torch has native MPI, which 'mpi' names before the transport")]),
 ])
 def test_the_mpi_transport_on_a_torch_older_than_it_needs_fails_at_construction_naming_the_range(monkeypatch, flags):
     monkeypatch.setattr(torch, "__version__", "2.12.0+cu130")
@@ -220,9 +225,13 @@ def test_only_a_trailing_slash_means_one_file_per_launch(tmp_path: Path):
 
 
 @both_packages
-def test_flags_on_a_run_without_a_process_group_warn_that_they_are_ignored(package):
-    with pytest.warns(UserWarning, match=r"torch_dist_backend='gloo' .* are ignored: SingleDeviceStrategy creates no process group"):
-        make_trainer(package, devices=1, strategy="auto", torch_dist_backend="gloo")
+def test_flags_on_a_run_without_a_process_group_warn_that_they_are_ignored_at_the_users_line(package):
+    with pytest.warns(UserWarning, match=r"torch_dist_backend='gloo' .* are ignored: SingleDeviceStrategy creates no "
+                                         r"process group") as caught:
+        package.ours.Trainer(accelerator="cpu", devices=1, strategy="auto", torch_dist_backend="gloo", logger=False)
+        line = sys._getframe().f_lineno - 1
+    (warning,) = [each for each in caught if "are ignored" in str(each.message)]
+    assert (warning.filename, warning.lineno) == (__file__, line), "the warning names the line that made the Trainer"
 
 
 @pytest.mark.skipif(not TRANSPORT_OFFERED, reason="needs mpi4py and a torch the MPI transport supports")
