@@ -91,6 +91,35 @@ def test_lightning_launcher_healthy_table(tmp_path, rendezvous_dir):
     assert list(rendezvous_dir.iterdir()) == []
 
 
+# Lightning's and torch's own warnings during the doctor's Trainer run (issue 30), which used to follow the verdict.
+LIGHTNING_WARNINGS = ("`isinstance(treespec, LeafSpec)` is deprecated", "Using `DistributedSampler` with the dataloaders",
+                      "The `srun` command is available on your system but is not used")
+
+
+@pytest.mark.parametrize("output", ["table", "json"])
+def test_the_report_comes_last_and_lists_lightnings_warnings_before_the_verdicts(tmp_path, rendezvous_dir, output):
+    run = run_doctor("--devices", "2", "--init-method", f"file://{rendezvous_dir}/",
+                     *(["--json"] if output == "json" else []), cwd=tmp_path)
+    assert run.returncode == 0, run.output[-6000:]
+    # stderr carries the live lines only: no warning of Lightning's or torch's (formatted "file.py:LINE: ...").
+    for text in LIGHTNING_WARNINGS:
+        assert text not in run.stderr, run.stderr[-6000:]
+    assert not re.search(r"\.py:\d+: ", run.stderr), run.stderr[-6000:]
+    if output == "json":
+        document = json.loads(run.stdout.strip().splitlines()[-1])  # the last line, as before
+        assert document["ok"] is True
+        assert any("Using `DistributedSampler` with the dataloaders" in text for text in document["warnings"])
+        return
+    lines = [line for line in run.stdout.splitlines() if line.strip()]
+    assert lines[-1] == "every check passed", run.stdout[-6000:]
+    section, verdicts = run.stdout.index("\nwarnings during the check (rank 0; "), run.stdout.index("\nverdicts:\n")
+    assert section < verdicts
+    assert "data_connector.py:" in run.stdout[section:verdicts] and "Using `DistributedSampler`" in run.stdout[
+        section:verdicts]
+    assert not any(text in run.stdout[verdicts:] for text in LIGHTNING_WARNINGS)
+    assert list(rendezvous_dir.iterdir()) == []
+
+
 def test_lightning_launcher_healthy_json_names_the_store_socket(tmp_path, free_port):
     run = run_doctor("--devices", "2", "--init-method", f"tcp://127.0.0.1:{free_port}", "--json", cwd=tmp_path)
     document = assert_healthy(run, "LightningEnvironment")
@@ -398,8 +427,8 @@ def test_a_rendezvous_directory_that_differs_between_nodes(tmp_path, rendezvous_
             "started, gave up already, or wrote theirs to a different directory of that name on their node") in stdout0
     assert f"FAIL  shared-directory: {private} holds the doctor's tokens of ranks [1] only" in outputs[1][0]
     assert "ranks that never arrived: [1]" in stdout0
-    # The live line, while rank 0 waited for a rank that could never come.
-    assert "rank 0: waiting for 1 of 2 ranks ([1]) through file://" in stderr0
+    # The live line, while rank 0 waited for a rank that could never come, naming the file really used (issue 30).
+    assert f"rank 0: waiting for 1 of 2 ranks ([1]) through file://{private}/ldh-rendezvous-" in stderr0
     assert list(rendezvous_dir.iterdir()) == []
 
 

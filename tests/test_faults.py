@@ -56,16 +56,19 @@ def wait_until_gone(tmp_path: Path, rendezvous_dir: Path | None = None, within_s
         time.sleep(0.2)
 
 
-@pytest.mark.parametrize("kind", ["file", "tcp", "env"])
+@pytest.mark.parametrize("kind", ["file", "dir", "tcp", "env"])
 def test_a_rank_that_never_arrives_times_out_naming_the_missing_rank(run_job, tmp_path, rendezvous_dir, free_port,
                                                                       kind):
     # Two nodes of one device each, under Lightning's own launcher: the second node is never started.
-    init_method = {"file": f"file://{rendezvous_dir}/rendezvous", "tcp": f"tcp://127.0.0.1:{free_port}",
-                   "env": "env://"}[kind]
+    init_method = {"file": f"file://{rendezvous_dir}/rendezvous", "dir": f"dir://{rendezvous_dir}/rendezvous",
+                   "tcp": f"tcp://127.0.0.1:{free_port}", "env": "env://"}[kind]
+    # file:// and dir:// name the file really used, inside the per-user directory (issue 30), not the URL as given.
+    used = {"file": f"file://{rendezvous_dir}/ldh-uid-{os.geteuid()}/rendezvous",
+            "dir": f"dir://{rendezvous_dir}/ldh-uid-{os.geteuid()}/rendezvous"}.get(kind, init_method)
     result, elapsed = timed(run_job, *SHORT_FLAGS, "--devices", "1", "--num-nodes", "2", "--init-method", init_method)
     assert result.returncode != 0
     assert (f"DistributedSetupError: rank 0 of 2 timed out after {TIMEOUT_S} s waiting for the rendezvous through "
-            f"{init_method}; ranks that never arrived: [1]") in result.output, result.output[-4000:]
+            f"{used}; ranks that never arrived: [1]") in result.output, result.output[-4000:]
     assert TIMEOUT_S <= elapsed < TIMEOUT_S + STARTUP_S
     wait_until_gone(tmp_path, rendezvous_dir)
 
@@ -112,7 +115,7 @@ def test_a_rendezvous_file_cut_short_mid_record_ends_the_waiting_rank_naming_it(
             rank_0.kill()
     output = (tmp_path / "rank0.log").read_text()
     assert returncode == 1, output[-4000:]
-    assert (f"rank 0 of 2: the rendezvous through {url} has not returned 10 s after its {TIMEOUT_S} s timeout: it is "
+    assert (f"rank 0 of 2: the rendezvous through file://{path} has not returned 10 s after its {TIMEOUT_S} s timeout: it is "
             "stuck inside torch") in output, output[-4000:]
     wait_until_gone(tmp_path, rendezvous_dir)
 
@@ -180,6 +183,30 @@ def test_an_exception_in_a_hook_on_one_rank_ends_every_rank_promptly(run_job, tm
     assert message in result.output, result.output[-4000:]
     assert elapsed < STARTUP_S + 15, f"took {elapsed:.0f} s"
     wait_until_gone(tmp_path)
+
+
+@pytest.mark.parametrize("requested", ["rendezvous", ""], ids=["explicit-path", "per-launch"])
+def test_a_file_rendezvous_where_flock_fails_ends_every_rank_naming_dir(run_job, tmp_path, rendezvous_dir, flock_shim,
+                                                                         requested):
+    # A filesystem mounted without locking (NFS 'nolock', Lustre without -o flock): the LD_PRELOAD shim makes flock()
+    # fail with ENOLCK under the rendezvous directory. Each rank probes flock in its private directory before torch's
+    # FileStore takes one, and stops naming dir://, the scheme for such a filesystem (issue 30). A long timeout: the
+    # job must end at once, not when the rendezvous times out.
+    env = job_environment(LD_PRELOAD=str(flock_shim), LDH_NOLOCK_DIR=str(rendezvous_dir))
+    url = f"file://{rendezvous_dir}/{requested}"
+    result, elapsed = timed(run_job, "--strategy", "ddp-instance", "--timeout", str(LONG_TIMEOUT_S), "--backend",
+                            "gloo", "--devices", "2", "--init-method", url, env=env)
+    assert result.returncode == 1, result.output[-4000:]
+    assert result.ranks == {}, "no rank may train"
+    private = rendezvous_dir / f"ldh-uid-{os.geteuid()}"
+    directory = re.escape(str(rendezvous_dir))
+    assert re.search(rf"RuntimeError: torch_dist_init_method='file://{directory}/\S*': the filesystem of "
+                     rf"{re.escape(str(private))} refuses file locks \(flock: No locks available\), which torch's "
+                     rf"FileStore takes on the rendezvous file\. Use torch_dist_init_method='dir://{directory}/"
+                     rf"{requested}' instead", result.output), result.output[-4000:]
+    assert "DistStoreError" not in result.output, "torch's own bare error is never reached"
+    assert elapsed < STARTUP_S
+    wait_until_gone(tmp_path, rendezvous_dir)  # every rank and janitor ended; no probe, claim or directory left
 
 
 def test_a_stale_rendezvous_file_at_an_explicit_path_stops_the_next_run_naming_it(run_job, tmp_path, rendezvous_dir):

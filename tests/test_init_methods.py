@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import subprocess
 import sys
 import textwrap
 import warnings
+from pathlib import Path
 
 import pytest
 from lightning_fabric.plugins.environments import LightningEnvironment, SLURMEnvironment, TorchElasticEnvironment
@@ -258,3 +260,28 @@ def test_two_schemes_offering_a_backend_default_are_an_error_whatever_the_regist
                                              r"torch_dist_init_method=\.\.\. to choose"):
             _base.default_init_method_for("mpi4py")
         assert _base.default_init_method_for("gloo") is None
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("scheme", ["file", "dir"])
+def test_the_location_of_a_shared_filesystem_url_is_the_file_really_used(scheme):
+    # What create_process_group names in its progress, timeout and deadline messages (issue 30).
+    handler = init_method_handler(f"{scheme}:///shared/rdzv/run42")
+    assert handler.location(f"{scheme}:///shared/rdzv/run42") == f"{scheme}:///shared/rdzv/ldh-uid-{os.geteuid()}/run42"
+    assert handler.location(f"{scheme}:///shared/rdzv/") == f"{scheme}:///shared/rdzv/"  # not yet named: as it is
+
+
+@pytest.mark.unit
+def test_a_filesystem_refusing_flock_is_answered_with_dir_of_the_same_form():
+    from lightning_dist_hooks.init_methods._shared_filesystem.file_scheme import (file_locks_refused,
+                                                                                  rendezvous_file_for_job)
+
+    error = OSError(errno.ENOLCK, os.strerror(errno.ENOLCK))
+    private = Path("/shared/rdzv/ldh-uid-7")
+    explicit = file_locks_refused("file:///shared/rdzv/run42", private, error)
+    assert explicit.startswith("torch_dist_init_method='file:///shared/rdzv/run42': the filesystem of "
+                               "/shared/rdzv/ldh-uid-7 refuses file locks (flock: No locks available)")
+    assert "Use torch_dist_init_method='dir:///shared/rdzv/run42' instead" in explicit
+    # A per-launch file: the fix is the per-launch URL, which names every launch's file anew.
+    per_launch = file_locks_refused(rendezvous_file_for_job("file:///shared/rdzv/", "SLURM_JOB_ID=42"), private, error)
+    assert "Use torch_dist_init_method='dir:///shared/rdzv/' instead" in per_launch

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import re
 import subprocess
 import sys
@@ -80,20 +81,31 @@ def _start_rank(rank: int, flags: list[str], tmp_path: Path, port: int) -> subpr
 
 
 @pytest.mark.slow
-def test_a_rank_held_back_is_named_by_rank_0_while_it_waits(tmp_path, free_port):
+@pytest.mark.parametrize("scheme", ["file", "dir"])
+def test_a_rank_held_back_is_named_by_rank_0_while_it_waits(tmp_path, free_port, scheme):
     rendezvous = tmp_path / "rendezvous"
     rendezvous.mkdir()
     flags = ["--devices", "1", "--num-nodes", "2", "--strategy", "ddp-instance", "--timeout", "60", "--backend",
-             "gloo", "--epochs", "1", "--init-method", f"file://{rendezvous}/run"]
+             "gloo", "--epochs", "1", "--init-method", f"{scheme}://{rendezvous}/run"]
     rank0 = _start_rank(0, flags, tmp_path, free_port)
-    time.sleep(14)  # rank 1 starts late: rank 0 waits past its first report (10 s), not past the second (30 s)
+    # Rank 1 starts late: rank 0 waits past its first report (10 s), not past the second (30 s). While it waits, the
+    # path the line names is where the files really are (issue 30): inside the per-user directory, not the URL as
+    # given, which a user checking the shared directory would look for in vain.
+    deadline = time.monotonic() + 25
+    while not (reports := re.findall(r"rank 0: waiting for .*(?=\n)", (tmp_path / "rank0.log").read_text())):
+        assert rank0.poll() is None and time.monotonic() < deadline, (tmp_path / "rank0.log").read_text()[-4000:]
+        time.sleep(0.2)
+    printed = Path(re.fullmatch(rf"rank 0: waiting for .* through {scheme}://(/\S+), \d+ s of 60 s", reports[0])[1])
+    assert printed == rendezvous / f"ldh-uid-{os.geteuid()}" / "run"
+    assert printed.parent.is_dir() and printed.is_file(), sorted(rendezvous.rglob("*"))  # rank 0 made it: ls finds it
+    assert not (rendezvous / "run").exists()
     rank1 = _start_rank(1, flags, tmp_path, free_port)
     assert [rank0.wait(timeout=120), rank1.wait(timeout=120)] == [0, 0]
     output = (tmp_path / "rank0.log").read_text()
     reports = re.findall(r"rank 0: waiting for .*", output)
     assert len(reports) == 1, output[-4000:]
-    assert re.fullmatch(rf"rank 0: waiting for 1 of 2 ranks \(\[1\]\) through file://{rendezvous}/run, 1\d s of 60 s",
-                        reports[0])
+    assert re.fullmatch(rf"rank 0: waiting for 1 of 2 ranks \(\[1\]\) through {scheme}://{rendezvous}/"
+                        rf"ldh-uid-{os.geteuid()}/run, 1\d s of 60 s", reports[0])
 
 
 @pytest.mark.slow

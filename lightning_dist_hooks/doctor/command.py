@@ -8,15 +8,20 @@ Every rank runs the same steps:
    ``setup_distributed_backend`` (the real ``create_process_group`` path, with its progress lines) does the rest:
    facts about this rank, rank 0's port and main address, a token in the rendezvous directory, the rendezvous,
    the listening sockets opened by it, an all-reduce, and a gather of every rank's facts;
-3. rank 0 prints one table and the verdicts; the exit code is 1 when any verdict failed, on every rank.
+3. rank 0 prints one table and the verdicts, once ``trainer.validate`` has returned, so that the report is the last
+   thing it prints; the exit code is 1 when any verdict failed, on every rank.
 
-When the rendezvous (or the Trainer) fails, each rank prints what it found on its own and exits 1.
+When the rendezvous (or the Trainer) fails, each rank prints what it found on its own and exits 1. The Python
+warnings raised meanwhile (Lightning's, torch's) are caught on every rank and listed in its report, before the
+verdicts, instead of printed on stderr after them; a rank that prints no report (every rank but 0, when all went
+well) drops its own, the same Lightning code having raised them on rank 0 too.
 """
 
 from __future__ import annotations
 
 import argparse
 import logging
+import warnings
 from datetime import timedelta
 from typing import Any
 
@@ -82,6 +87,10 @@ class Checkup:
         self.token: Token | None = None
         self.exit_code: int | None = None
         self.sockets_before: set[str] = set()
+        # The warnings caught while the doctor runs (main's catch_warnings), and the gathered report that waits for
+        # the Trainer to finish, so that it comes after every warning the Trainer raises.
+        self.caught: list[warnings.WarningMessage] = []
+        self.gathered: tuple[list[dict[str, Any]], list[Verdict]] | None = None
 
     @property
     def spans_nodes(self) -> bool:
@@ -167,7 +176,25 @@ class Checkup:
         )
         self.exit_code = 1 if any(verdict.status == FAIL for verdict in verdicts) else 0
         if self.facts["rank"] == 0:
-            print(report.document(ranks, verdicts) if self.args.json else report.table(ranks, verdicts), flush=True)
+            self.gathered = (ranks, verdicts)  # printed by print_report, once the Trainer has finished
+
+    def warnings_so_far(self) -> list[str]:
+        """The warnings caught on this rank so far, shortened for the report."""
+        return [
+            report.warning_text(each.category.__name__, each.filename, each.lineno, str(each.message))
+            for each in list(self.caught)
+        ]
+
+    def print_report(self) -> None:
+        """Rank 0's table (or JSON document) of every rank, with the warnings caught until now; once."""
+        if self.gathered is None:
+            return
+        (ranks, verdicts), self.gathered = self.gathered, None
+        caught = self.warnings_so_far()
+        print(
+            report.document(ranks, verdicts, caught) if self.args.json else report.table(ranks, verdicts, caught),
+            flush=True,
+        )
 
     def _listening_after_rendezvous(self) -> list[dict[str, str]]:
         """This rank's listening sockets now, each with what opened it."""
@@ -193,8 +220,12 @@ class Checkup:
             world_size = self.facts["world_size"]
             self.add(checks.check_tokens(self.token.path.parent, self.token.seen(world_size), world_size))
         verdicts = checks.merge(self.verdicts)
+        self.print_report()  # what every rank found, when the failure came after the gather
+        caught = self.warnings_so_far()
         print(
-            report.document([self.facts], verdicts) if self.args.json else report.local(self.facts, verdicts),
+            report.document([self.facts], verdicts, caught)
+            if self.args.json
+            else report.local(self.facts, verdicts, caught),
             flush=True,
         )
         self.exit_code = 1
@@ -236,8 +267,17 @@ def main(argv: list[str] | None = None) -> int:
     for name in ("pytorch_lightning", "lightning.pytorch", "lightning_fabric", "lightning.fabric"):
         logging.getLogger(name).setLevel(logging.WARNING)  # the table, not Lightning's banners
     progress.schedule = LIVE_LINE_SCHEDULE
-    checkup = Checkup(args)
-    rendezvous_deadline.report_stuck = checkup.report_stuck
+    # Lightning's and torch's warnings go into the report, before the verdicts, not after them on stderr. From the
+    # start: reading the launcher's layout runs Lightning's SLURM detection, which warns when srun is not used.
+    with warnings.catch_warnings(record=True) as caught:
+        checkup = Checkup(args)
+        checkup.caught = caught
+        rendezvous_deadline.report_stuck = checkup.report_stuck
+        _run(args, checkup)
+    return checkup.exit_code if checkup.exit_code is not None else 1
+
+
+def _run(args: argparse.Namespace, checkup: Checkup) -> None:
     checkup.check_before_trainer()
     deadline = start_deadline(args.timeout, checkup.report_stuck)
     try:
@@ -260,12 +300,12 @@ def main(argv: list[str] | None = None) -> int:
         else:
             # A list is a map-style dataset, which DataLoader's type hint (a Dataset) does not say.
             trainer.validate(DoctorModule(checkup), dataloaders=DataLoader([torch.zeros(1)]), verbose=False)  # type: ignore[arg-type]
+            checkup.print_report()
     except Exception as error:
         checkup.report_failure(error)
     finally:
         deadline.cancel()
         checkup.remove_token()
-    return checkup.exit_code if checkup.exit_code is not None else 1
 
 
 def _handler_of(url: str | None) -> InitMethod | None:

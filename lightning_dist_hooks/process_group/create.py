@@ -43,6 +43,9 @@ def create_process_group(strategy: Any, config: ProcessGroupConfig, hook: Callab
     assert strategy.cluster_environment is not None
     url = config.init_method or LIGHTNING_DEFAULT
     handler = config.handler
+    # Where the ranks really meet (file:// and dir:// move the file into this user's private directory): what every
+    # line below names, so that a user checking the shared directory looks where the files are.
+    location = handler.location(url)
     rendezvous = handler.prepare(url, strategy.cluster_environment)
     # Registered before the hook runs, so that a failing hook still leaves no rendezvous file behind.
     Finalize(None, _finish_process_group, args=(handler, rendezvous), exitpriority=_FINISH_PRIORITY)
@@ -55,8 +58,8 @@ def create_process_group(strategy: Any, config: ProcessGroupConfig, hook: Callab
     missing = missing_ranks_query(handler, rendezvous, world_size)
     try:
         with (
-            rendezvous_progress(rank, world_size, url, timeout, missing),
-            rendezvous_deadline(rank, world_size, url, timeout, missing),
+            rendezvous_progress(rank, world_size, location, timeout, missing),
+            rendezvous_deadline(rank, world_size, location, timeout, missing),
         ):
             hook(
                 backend,
@@ -70,7 +73,7 @@ def create_process_group(strategy: Any, config: ProcessGroupConfig, hook: Callab
         if _is_rendezvous_timeout(error, time.monotonic() - started, timeout):
             raise DistributedSetupError(
                 f"rank {rank} of {world_size} timed out after {timeout.total_seconds():g} s waiting for the "
-                f"rendezvous through {url}; {handler.missing_ranks(rendezvous, world_size, error)}. "
+                f"rendezvous through {location}; {handler.missing_ranks(rendezvous, world_size, error)}. "
                 "Check that every rank was started and reaches the same init_method (torch says: "
                 f"{type(error).__name__}: {error})"
             ) from error

@@ -3,12 +3,17 @@
 A timer thread starts when the rank begins to wait and is cancelled when the wait ends: nothing is printed when
 every rank arrives within the first report time, and the training path pays nothing but one thread start.
 
-    with rendezvous_progress(rank, world_size, "file:///shared/rdzv/run42", timedelta(minutes=30), missing):
+    with rendezvous_progress(rank, world_size, "file:///shared/rdzv/ldh-uid-1000/run42", timedelta(minutes=30),
+                             missing):
         torch.distributed.init_process_group(...)
 
 prints, from rank 0 at INFO level (every other rank at DEBUG level)::
 
-    rank 0: waiting for 3 of 16 ranks ([5, 9, 12]) through file:///shared/rdzv/run42, 40 s of 1800 s
+    rank 0: waiting for 3 of 16 ranks ([5, 9, 12]) through file:///shared/rdzv/ldh-uid-1000/run42, 40 s of 1800 s
+
+The place named is where the ranks really meet, as the handler's :meth:`InitMethod.location` says
+(``create_process_group`` asks it once): for ``file://`` and ``dir://``, inside this user's private directory
+``ldh-uid-<UID>``, not the URL as given, so that ``ls`` on it shows the files.
 
 Reports come after 10 s, 30 s, then every 60 s (:data:`DEFAULT_SCHEDULE`). To see the DEBUG lines of the other
 ranks: ``logging.getLogger("lightning_dist_hooks.process_group.progress").setLevel(logging.DEBUG)``.
@@ -65,10 +70,10 @@ schedule = DEFAULT_SCHEDULE
 def waiting_message(
     rank: int, world_size: int, init_method: str, elapsed_s: float, timeout: timedelta, missing: list[int] | None
 ) -> str:
-    """One progress line.
+    """One progress line; ``init_method`` is where the ranks really meet (the handler's ``location``).
 
-    >>> waiting_message(0, 16, "file:///shared/rdzv/run42", 40.2, timedelta(minutes=30), [5, 9, 12])
-    'rank 0: waiting for 3 of 16 ranks ([5, 9, 12]) through file:///shared/rdzv/run42, 40 s of 1800 s'
+    >>> waiting_message(0, 16, "file:///shared/ldh-uid-1000/run42", 40.2, timedelta(minutes=30), [5, 9, 12])
+    'rank 0: waiting for 3 of 16 ranks ([5, 9, 12]) through file:///shared/ldh-uid-1000/run42, 40 s of 1800 s'
     """
     if missing is None:
         who = f"waiting for the other ranks of {world_size} (this rendezvous does not tell which have arrived)"

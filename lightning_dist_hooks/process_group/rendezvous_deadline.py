@@ -5,10 +5,10 @@ its error into a message naming the missing ranks. Not in all of them: in torch 
 server's port is held by a process that never accepts (a stale or foreign listener on a ``tcp://`` or ``env://``
 port) waits forever whatever the timeout, and a ``FileStore`` reading a record that a killed writer cut short
 loops forever. torch releases the GIL while it waits there, so a timer thread can still act: if the rendezvous has
-not returned ``grace`` seconds after its timeout, it says so on stderr, naming the init method and the ranks still
-missing as far as the rendezvous can tell, and ends the process with exit code 1. A launcher then ends the job as
-for any failed rank; the ``file://`` janitor removes the rendezvous files. No code of the process runs after it:
-nothing else can end a thread that torch holds.
+not returned ``grace`` seconds after its timeout, it says so on stderr, naming where the ranks meet (the handler's
+``location``) and the ranks still missing as far as the rendezvous can tell, and ends the process with exit code 1.
+A launcher then ends the job as for any failed rank; the ``file://`` janitor removes the rendezvous files. No code
+of the process runs after it: nothing else can end a thread that torch holds.
 
     with rendezvous_deadline(rank, world_size, "tcp://10.0.0.1:29500", timedelta(minutes=30), missing):
         torch.distributed.init_process_group(...)
@@ -47,7 +47,8 @@ def grace_s(timeout: timedelta) -> float:
 
 
 def stuck_message(rank: int, world_size: int, init_method: str, timeout: timedelta, missing: list[int] | None) -> str:
-    """What a rank says before it ends itself.
+    """What a rank says before it ends itself; ``init_method`` is where the ranks really meet (the handler's
+    ``location``: for ``file://`` and ``dir://``, inside this user's private directory).
 
     >>> print(stuck_message(1, 2, "tcp://10.0.0.1:29500", timedelta(seconds=15),
     ...                     None))  # doctest: +NORMALIZE_WHITESPACE

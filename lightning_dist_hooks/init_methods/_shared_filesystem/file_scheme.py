@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import errno
+import fcntl
 import hashlib
 import logging
 import os
 import re
+import secrets
 import stat
 import tempfile
 from pathlib import Path
@@ -40,6 +43,8 @@ log = logging.getLogger(__name__)
 
 _CREATE = os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 _OPEN_EXISTING = os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC
+# How the name of a per-launch file (``file:///DIR/`` resolved) begins.
+_PER_LAUNCH_PREFIX = "ldh-rendezvous-"
 
 
 class FileInitMethod(InitMethod):
@@ -55,10 +60,15 @@ class FileInitMethod(InitMethod):
 
     **Leftover files.** torch's FileStore must start from a missing or empty file, and a file left by an
     earlier run is never used: every rank claims its rank and makes or joins the file as ``claims`` describes.
+
+    **Filesystems without locks.** FileStore ``flock``s its file, which some network filesystems refuse (NFS with
+    ``nolock``, Lustre without ``-o flock``). Each rank first locks a probe file of its own in the private directory
+    and, where that fails, stops at once naming ``dir://`` (:func:`file_locks_refused`), instead of torch's bare
+    ``No locks available`` later. ``dir://`` (a subclass taking no locks) skips the probe.
     """
 
     scheme = "file"
-    needs_file_locks = True  # torch's FileStore flocks its one file
+    needs_file_locks = True  # torch's FileStore flocks its one file; prepare probes that flock works
 
     def shared_directory(self, url: str) -> Path | None:
         path = Path(urlsplit(url).path)
@@ -153,6 +163,8 @@ class FileInitMethod(InitMethod):
             janitor=Janitor(directory_fd, shared_fd, directory.name),
         )
         try:
+            if self.needs_file_locks:
+                self._check_file_locks(url, rendezvous, rank)
             claim_fd = claim(url, rendezvous, rank)
             try:
                 file_fd = create_or_join(self, url, rendezvous, rank, cluster_environment.world_size(), claim_fd)
@@ -166,6 +178,30 @@ class FileInitMethod(InitMethod):
             self.finish(rendezvous)
             raise
         return rendezvous
+
+    def _check_file_locks(self, url: str, rendezvous: FileRendezvous, rank: int) -> None:
+        """Raise, naming ``dir://``, where the private directory's filesystem refuses ``flock``, which torch's
+        FileStore takes on the rendezvous file: otherwise torch fails later with a bare ``No locks available``.
+
+        A probe file of this rank's own in the private directory, locked and unlocked once; the janitor removes it
+        should the rank be killed meanwhile.
+        """
+        probe = f"{rendezvous.file.name}.rank{rank}.lock-probe.{secrets.token_hex(4)}"
+        descriptor = os.open(probe, _CREATE | os.O_RDWR, 0o600, dir_fd=rendezvous.directory_fd)
+        try:
+            rendezvous.own(probe, descriptor)
+            try:
+                fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                fcntl.flock(descriptor, fcntl.LOCK_UN)
+            except OSError as error:
+                if error.errno != errno.EWOULDBLOCK:  # EWOULDBLOCK: locked by another, so locks work
+                    raise RuntimeError(file_locks_refused(url, rendezvous.file.parent, error)) from None
+        finally:
+            os.close(descriptor)
+            try:
+                os.unlink(probe, dir_fd=rendezvous.directory_fd)
+            except OSError:
+                pass  # it is owned: finish (or the janitor) removes it
 
     def fill_draft(self, rendezvous: FileRendezvous, draft_fd: int) -> None:
         """Write what the rendezvous file starts with into the draft, before it can appear under its name (a
@@ -221,6 +257,30 @@ class FileInitMethod(InitMethod):
             log.warning("could not remove the rendezvous files %s; remove them by hand", "; ".join(failures))
 
 
+def file_locks_refused(url: str, directory: Path, error: OSError) -> str:
+    """The error for a ``file://`` rendezvous whose directory refuses ``flock``: the fix is ``dir://``.
+
+    >>> print(file_locks_refused("file:///shared/rdzv/run42", Path("/shared/rdzv/ldh-uid-1000"),
+    ...                          OSError(errno.ENOLCK, "No locks available")))  # doctest: +NORMALIZE_WHITESPACE
+    torch_dist_init_method='file:///shared/rdzv/run42': the filesystem of /shared/rdzv/ldh-uid-1000 refuses file
+    locks (flock: No locks available), which torch's FileStore takes on the rendezvous file. Use
+    torch_dist_init_method='dir:///shared/rdzv/run42' instead: the same rendezvous, through a directory of one file
+    per key, with no file locks. Or mount the filesystem with locking (NFS: without 'nolock'; Lustre: -o flock), or
+    use tcp:// or env://.
+    """
+    path = urlsplit(url).path
+    name = Path(path).name
+    # A per-launch file (file:///DIR/ resolved): the fix is the per-launch URL, not this launch's name.
+    fixed = f"dir://{Path(path).parent}/" if name.startswith(_PER_LAUNCH_PREFIX) else f"dir://{path}"
+    reason = error.strerror or os.strerror(error.errno or 0)
+    return (
+        f"torch_dist_init_method={url!r}: the filesystem of {directory} refuses file locks (flock: {reason}), "
+        f"which torch's FileStore takes on the rendezvous file. Use torch_dist_init_method={fixed!r} instead: the "
+        "same rendezvous, through a directory of one file per key, with no file locks. Or mount the filesystem with "
+        "locking (NFS: without 'nolock'; Lustre: -o flock), or use tcp:// or env://."
+    )
+
+
 def rendezvous_file_for_job(directory_url: str, identity: str) -> str:
     """``file:///DIR/ldh-rendezvous-<identity>``: the identity made a file name, plus a hash of it.
 
@@ -230,7 +290,7 @@ def rendezvous_file_for_job(directory_url: str, identity: str) -> str:
     readable = re.sub(r"[^A-Za-z0-9_.]+", "-", identity)[:150]
     # Two identities that differ only in characters a file name cannot hold stay apart.
     digest = hashlib.sha256(identity.encode()).hexdigest()[:8]
-    return f"{directory_url}ldh-rendezvous-{readable}-{digest}"
+    return f"{directory_url}{_PER_LAUNCH_PREFIX}{readable}-{digest}"
 
 
 def _can_create_files_in(directory: Path) -> bool:
