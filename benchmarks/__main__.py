@@ -10,19 +10,17 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import shlex
 import sys
 import tempfile
 import time
 from dataclasses import asdict, dataclass
-from importlib.metadata import version
 from pathlib import Path
 
 from tqdm import tqdm
 
 from benchmarks import bootstrap, docs, mpi_section, report, startup, step_overhead
-from benchmarks.common import REPO
+from benchmarks.common import REPO, machine
 
 RESULTS = REPO / "benchmarks" / "results"
 
@@ -52,23 +50,14 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--out", type=Path, help=f"results folder (default {RESULTS.relative_to(REPO)}, "
                                                  "or its quick/ subfolder with --quick)")
     parser.add_argument("--update-docs", action="store_true",
-                        help="rewrite the documentation's generated blocks from these results (python -m benchmarks.docs)")
+                        help="rewrite the documentation's generated blocks from these results "
+                             "(python -m benchmarks.docs)")
     parser.add_argument("--report-only", action="store_true",
                         help="measure nothing: redraw the table and plots (and the docs) from --out's results.json")
     args = parser.parse_args()
     if args.update_docs and args.out not in (None, RESULTS):
         parser.error(f"--update-docs renders the documentation from {RESULTS.relative_to(REPO)}; drop --out")
     return args
-
-
-def machine() -> dict:
-    with open("/proc/meminfo") as meminfo:
-        memory_kib = int(next(line for line in meminfo if line.startswith("MemTotal")).split()[1])
-    with open("/proc/cpuinfo") as cpuinfo:
-        model = next((line.split(":", 1)[1].strip() for line in cpuinfo if line.startswith("model name")), "unknown")
-    return {"cpus": os.cpu_count(), "cpu_model": model, "memory_gib": memory_kib / 2**20,
-            "python": platform.python_version(), "torch": version("torch"),
-            "pytorch_lightning": version("pytorch-lightning"), "load_before": os.getloadavg()}
 
 
 def main() -> None:

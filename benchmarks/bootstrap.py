@@ -20,7 +20,6 @@ gloo connecting every pair at start-up and with ``TORCH_GLOO_LAZY_INIT=1``, the 
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import multiprocessing
 import os
@@ -35,7 +34,7 @@ from types import ModuleType
 
 import torch.distributed as dist
 
-from benchmarks.common import REPO, free_ports, package_module_alone, in_ms, rotated, summary
+from benchmarks.common import REPO, free_ports, in_ms, machine, package_module_alone, rotated, summary
 
 # "FileStore" and "dir://" are stores passed to init_process_group(store=...): torch's raw FileStore, and dir://'s.
 INIT_METHODS = ["env://", "tcp://", "file://", "FileStore", "dir://"]
@@ -211,9 +210,10 @@ def scale(world_sizes: list[int], repetitions: int, workdir: Path, lazy: bool) -
                         samples["operations"].append(
                             {"median": statistics.median(trial.operations), "max": max(trial.operations)})
                     print(f"{label:14} {world_size:4} ranks: {trial.seconds:7.2f} s, machine memory "
-                          f"{trial.memory_used_mib:7.0f} MiB, median private {statistics.median(trial.private_mib):5.1f}"
-                          f" MiB/rank" + (f", ops/rank median {statistics.median(trial.operations):.0f} max "
-                                          f"{max(trial.operations)}" if trial.operations else ""), flush=True)
+                          f"{trial.memory_used_mib:7.0f} MiB, median private "
+                          f"{statistics.median(trial.private_mib):5.1f} MiB/rank"
+                          + (f", ops/rank median {statistics.median(trial.operations):.0f} max "
+                             f"{max(trial.operations)}" if trial.operations else ""), flush=True)
     return results
 
 
@@ -241,8 +241,6 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--no-lazy", action="store_true", help="only gloo's default, eager connection set-up")
     parser.add_argument("--out", type=Path, default=SCALE_RESULTS)
     args = parser.parse_args(argv)
-    from benchmarks.__main__ import machine  # the machine's description, as the full run records it
-
     described = machine()
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="ldh-bench-scale-") as scratch:

@@ -1,9 +1,11 @@
-"""What every section shares: a clean loopback environment, ports, bounded process waits, and statistics."""
+"""What every section shares: a clean loopback environment, ports, bounded process waits, the machine's description
+and statistics."""
 
 from __future__ import annotations
 
 import importlib.util
 import os
+import platform
 import random
 import signal
 import socket
@@ -11,9 +13,10 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Callable
+from importlib.metadata import version
 from pathlib import Path
 from types import ModuleType
-from typing import Callable, Optional
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -48,6 +51,17 @@ def job_environment(**overrides: str) -> dict[str, str]:
     return env
 
 
+def machine() -> dict:
+    """The machine's description, as every results file records it: CPUs, memory, versions, load average now."""
+    with open("/proc/meminfo") as meminfo:
+        memory_kib = int(next(line for line in meminfo if line.startswith("MemTotal")).split()[1])
+    with open("/proc/cpuinfo") as cpuinfo:
+        model = next((line.split(":", 1)[1].strip() for line in cpuinfo if line.startswith("model name")), "unknown")
+    return {"cpus": os.cpu_count(), "cpu_model": model, "memory_gib": memory_kib / 2**20,
+            "python": platform.python_version(), "torch": version("torch"),
+            "pytorch_lightning": version("pytorch-lightning"), "load_before": os.getloadavg()}
+
+
 def free_ports(count: int) -> list[int]:
     """``count`` distinct loopback ports, free now and outside the kernel's ephemeral range.
 
@@ -79,7 +93,7 @@ def start(command: list[str], env: dict[str, str], log: Path) -> subprocess.Pope
 
 
 def wait_all(processes: list[subprocess.Popen], timeout: float, log: Path,
-             on_tick: Optional[Callable[[], None]] = None) -> None:
+             on_tick: Callable[[], None] | None = None) -> None:
     """Wait for every process; kill them all (and their children) at ``timeout`` s or when one fails."""
     deadline = time.monotonic() + timeout
     try:
@@ -104,7 +118,7 @@ def wait_all(processes: list[subprocess.Popen], timeout: float, log: Path,
         raise RuntimeError(f"benchmark process failed: {failed[0]}; end of {log}:\n{tail}")
 
 
-def run_python(args: list[str], timeout: float, env: Optional[dict[str, str]] = None) -> str:
+def run_python(args: list[str], timeout: float, env: dict[str, str] | None = None) -> str:
     """Run ``python ARGS`` to completion and return its stdout."""
     completed = subprocess.run([sys.executable, *args], cwd=REPO, env=env or job_environment(), timeout=timeout,
                                capture_output=True, text=True, stdin=subprocess.DEVNULL, check=False)

@@ -33,10 +33,12 @@ def main() -> None:
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
     if args.trainer == "ours":
-        from lightning_dist_hooks import Trainer
+        import lightning_dist_hooks
+
+        trainer_class = lightning_dist_hooks.Trainer
     else:
-        Trainer = pl.Trainer
-    Trainer(**trainer_kwargs(STEPS), callbacks=[FirstStepClock(args.out)]).fit(Classifier(batches_per_rank=STEPS))
+        trainer_class = pl.Trainer
+    trainer_class(**trainer_kwargs(STEPS), callbacks=[FirstStepClock(args.out)]).fit(Classifier(batches_per_rank=STEPS))
 
 
 if __name__ == "__main__":

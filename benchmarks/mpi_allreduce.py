@@ -12,8 +12,8 @@ Run on one machine (loopback only; drop --allow-run-as-root when not root)::
 
 Every measurement alternates between the implementations in short rounds (in a rotating order) and reports
 median times and the median of per-round ratios, each with its interquartile range, and the load average, so load
-bursts on a shared machine hit both sides of a ratio alike. Times are the slowest rank's. ``--quick`` runs tiny sizes and a few steps (a smoke test that the benchmark
-still works, not a measurement).
+bursts on a shared machine hit both sides of a ratio alike. Times are the slowest rank's. ``--quick`` runs tiny
+sizes and a few steps (a smoke test that the benchmark still works, not a measurement).
 """
 
 from __future__ import annotations
@@ -241,7 +241,7 @@ class BackwardTailProbe:
         self.waits: list[float] = []
 
     # No annotations: DDP checks them against the classes, and this module's are strings (``annotations``).
-    def hook(self, group, bucket):  # noqa: ANN001, ANN201
+    def hook(self, group, bucket):
         self.last_bucket_at = time.perf_counter()
         return default_hooks.allreduce_hook(group, bucket)
 

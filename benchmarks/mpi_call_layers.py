@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import collections
 import os
+from collections.abc import Callable
 
 import torch
 import torch.distributed as dist
@@ -32,6 +33,20 @@ class _NoDirectTargets(dict):
         return collections.defaultdict(lambda: None)
 
 
+def layer_runs(
+    nbytes: int, comm, ours: dist.ProcessGroup, general: dist.ProcessGroup, options: dist.AllreduceOptions
+) -> dict[str, Callable[[], None]]:
+    """One blocking all-reduce of ``nbytes`` through each layer; each layer has its own tensor."""
+    tensors = [torch.ones(nbytes // 4) for _ in range(4)]
+    raw = tensors[3].numpy()
+    return {
+        bench.OURS: lambda: dist.all_reduce(tensors[0], group=ours),
+        GENERAL: lambda: dist.all_reduce(tensors[1], group=general),
+        NO_WRAPPER: lambda: ours.allreduce([tensors[2]], options),
+        RAW: lambda: comm.Allreduce(bench.MPI.IN_PLACE, raw),
+    }
+
+
 def main() -> None:
     comm = bench.MPI.COMM_WORLD
     torch.set_num_threads(1)
@@ -43,15 +58,9 @@ def main() -> None:
     load_before = os.getloadavg()
     rows = []
     for nbytes in SIZES:
-        tensors = [torch.ones(nbytes // 4) for _ in range(4)]
-        raw = tensors[3].numpy()
-        runs = {
-            bench.OURS: lambda: dist.all_reduce(tensors[0], group=ours),
-            GENERAL: lambda: dist.all_reduce(tensors[1], group=general),
-            NO_WRAPPER: lambda: ours.allreduce([tensors[2]], options),
-            RAW: lambda: comm.Allreduce(bench.MPI.IN_PLACE, raw),
-        }
-        rows.append((nbytes, bench.summarize(bench.timed_rounds(comm, runs, max(2, min(100, bench.BYTES_PER_ROUND // nbytes)), 21))))
+        runs = layer_runs(nbytes, comm, ours, general, options)
+        calls = max(2, min(100, bench.BYTES_PER_ROUND // nbytes))
+        rows.append((nbytes, bench.summarize(bench.timed_rounds(comm, runs, calls, 21))))
     if comm.Get_rank() == 0:
         print(f"load average {bench._loads(load_before)} before, {bench._loads(os.getloadavg())} after")
         print(f"| size | {bench.OURS} | {GENERAL} | {NO_WRAPPER} | {RAW} | ours/general | ours/raw |")

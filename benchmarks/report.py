@@ -1,4 +1,5 @@
-"""Turning a results dict into the Markdown report and the PNG plots (benchmarks/docs.py puts the report in the docs)."""
+"""Turning a results dict into the Markdown report and the PNG plots (benchmarks/docs.py puts the report in the
+docs)."""
 
 from __future__ import annotations
 
@@ -8,9 +9,9 @@ import matplotlib
 import matplotlib.ticker
 
 matplotlib.use("Agg")  # files only: no display on CI machines
-import matplotlib.pyplot as plt  # noqa: E402
+import matplotlib.pyplot as plt
 
-from benchmarks.step_overhead import BASELINE, FLOOR, VARIANTS  # noqa: E402
+from benchmarks.step_overhead import BASELINE, FLOOR, VARIANTS
 
 LABELS = {
     "raw_ddp": "raw DistributedDataParallel loop",
@@ -27,16 +28,20 @@ def markdown(results: dict, image_dir: str = "") -> str:
     machine, step = results["machine"], results["step_overhead"]
     startup, boot = results["startup"], results["bootstrap"]
     lines = [
-        f"Machine: {machine['cpus']} CPUs ({machine['cpu_model']}), {machine['memory_gib']:.0f} GiB memory, "
-        f"Python {machine['python']}, torch {machine['torch']}, pytorch-lightning {machine['pytorch_lightning']}; "
-        f"load average {machine['load_before'][0]:.2f} before, {machine['load_after'][0]:.2f} after "
-        f"(1 min). Command: `{results['command']}` ({results['seconds']:.0f} s, {results['date']}).",
+        (
+            f"Machine: {machine['cpus']} CPUs ({machine['cpu_model']}), {machine['memory_gib']:.0f} GiB memory, "
+            f"Python {machine['python']}, torch {machine['torch']}, pytorch-lightning {machine['pytorch_lightning']}; "
+            f"load average {machine['load_before'][0]:.2f} before, {machine['load_after'][0]:.2f} after "
+            f"(1 min). Command: `{results['command']}` ({results['seconds']:.0f} s, {results['date']})."
+        ),
         "",
-        f"**Step overhead**: 2 ranks, gloo, CPU, one torch thread each; {step['rounds']} rounds of every variant "
-        f"(seeded random order per round), {step['timed_steps']} timed steps per fit after "
-        f"{step['warmup_steps']} warm-up steps. "
-        "Step = interval between consecutive batch starts, measured inside rank 0. Ratios are per-round "
-        "(paired) ratios of fit medians: their median and a bootstrap 95% CI.",
+        (
+            f"**Step overhead**: 2 ranks, gloo, CPU, one torch thread each; {step['rounds']} rounds of every variant "
+            f"(seeded random order per round), {step['timed_steps']} timed steps per fit after "
+            f"{step['warmup_steps']} warm-up steps. "
+            "Step = interval between consecutive batch starts, measured inside rank 0. Ratios are per-round "
+            "(paired) ratios of fit medians: their median and a bootstrap 95% CI."
+        ),
         "",
         "| variant | median step (ms) | IQR over rounds (ms) | vs pytorch_lightning.Trainer | vs raw DDP |",
         "|---|---:|---:|---:|---:|",
@@ -50,9 +55,11 @@ def markdown(results: dict, image_dir: str = "") -> str:
     imports, launch = startup["import_ms"], startup["launch_to_first_step_s"]
     lines += [
         "",
-        f"**Start-up**: {imports['lightning_dist_hooks']['n']} fresh interpreters for imports; "
-        f"{launch['ours']['n']} launches of a 2-rank `ddp` fit per Trainer (alternating), from `Popen` to rank 0's "
-        "first `on_train_batch_start`.",
+        (
+            f"**Start-up**: {imports['lightning_dist_hooks']['n']} fresh interpreters for imports; "
+            f"{launch['ours']['n']} launches of a 2-rank `ddp` fit per Trainer (alternating), from `Popen` to rank "
+            "0's first `on_train_batch_start`."
+        ),
         "",
         "| measurement | median | IQR |",
         "|---|---:|---:|",
@@ -62,8 +69,10 @@ def markdown(results: dict, image_dir: str = "") -> str:
         _row("launch to first step, lightning_dist_hooks.Trainer", launch["ours"], "s"),
         f"| ratio ours / pytorch_lightning (paired) | {_ratio(startup['launch_ratio'], False)} | |",
         "",
-        "**Bootstrap latency** (ms, median; fork of the first rank to the last rank past its first barrier, "
-        f"gloo, loopback; {_first(_first(boot['latency_ms']))['n']} repetitions):",
+        (
+            "**Bootstrap latency** (ms, median; fork of the first rank to the last rank past its first barrier, "
+            f"gloo, loopback; {_first(_first(boot['latency_ms']))['n']} repetitions):"
+        ),
         "",
         "| world size | " + " | ".join(boot["latency_ms"]) + " |",
         "|---:|" + "---:|" * len(boot["latency_ms"]),
@@ -99,17 +108,17 @@ def _mpi_markdown(mpi: dict) -> str:
     if "skipped" in mpi:
         return f"**MPI**: skipped ({mpi['skipped']})."
     step = mpi["ddp_step"]["median_seconds"]
-    lines = [f"**MPI** (`benchmarks/mpi_allreduce.py`, 2 ranks under mpirun; median seconds): DDP step "
-             f"{step['mpi4py backend'] * 1e3:.2f} ms with the mpi4py backend, {step['gloo'] * 1e3:.2f} ms with gloo.",
+    lines = [(f"**MPI** (`benchmarks/mpi_allreduce.py`, 2 ranks under mpirun; median seconds): DDP step "
+              f"{step['mpi4py backend'] * 1e3:.2f} ms with the mpi4py backend, {step['gloo'] * 1e3:.2f} ms with gloo."),
              "", "| allreduce size | mpi4py backend | gloo | speed vs gloo |", "|---:|---:|---:|---:|"]
     for row in mpi["allreduce"]:
         seconds = row["median_seconds"]
         lines.append(f"| {row['bytes'] >> 10} KiB | {seconds['mpi4py backend'] * 1e6:.0f} µs | "
                      f"{seconds['gloo'] * 1e6:.0f} µs | {row['ours_speed_relative_to']['gloo']:.2f}x |")
     tail = mpi["ddp_backward_tail"]["median_seconds"]
-    lines += ["", "DDP backward's wait for outstanding buckets after the last one was ready: "
-                  f"{tail['mpi4py backend'] * 1e3:.2f} ms with the mpi4py backend, "
-                  f"{tail['gloo'] * 1e3:.2f} ms with gloo.",
+    lines += ["", ("DDP backward's wait for outstanding buckets after the last one was ready: "
+                   f"{tail['mpi4py backend'] * 1e3:.2f} ms with the mpi4py backend, "
+                   f"{tail['gloo'] * 1e3:.2f} ms with gloo."),
               "", "| allreduce size | blocking | async_op, wait() | async_op, future (DDP's route) | future/blocking |",
               "|---:|---:|---:|---:|---:|"]
     for row in mpi["completion_routes"]:

@@ -8,8 +8,8 @@ from pathlib import Path
 import matplotlib
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import matplotlib.ticker  # noqa: E402
+import matplotlib.pyplot as plt
+import matplotlib.ticker
 
 
 def _median(values: list[float]) -> float:
@@ -47,10 +47,15 @@ def _operations(results: dict, label: str, size: int, per_rank: bool = True) -> 
 def summary(results: dict, sizes: tuple[int, ...] = (128, 256, 512)) -> str:
     """The README's few lines: ``dir://`` against raw ``FileStore`` at the largest world sizes, eager and lazy."""
     lines = [
-        f"Seconds to a first barrier, {results['machine']['cpus']} CPUs, forked ranks, gloo on loopback, median of "
-        f"the run's repetitions (`{results['command']}`, {results['date']}; *lazy*: `TORCH_GLOO_LAZY_INIT=1`):",
+        (
+            f"Seconds to a first barrier, {results['machine']['cpus']} CPUs, forked ranks, gloo on loopback, median "
+            f"of the run's repetitions (`{results['command']}`, {results['date']}; *lazy*: `TORCH_GLOO_LAZY_INIT=1`):"
+        ),
         "",
-        "| world size | FileStore | dir:// | dir:// ÷ FileStore | FileStore lazy | dir:// lazy | dir:// ÷ FileStore, lazy |",
+        (
+            "| world size | FileStore | dir:// | dir:// ÷ FileStore | FileStore lazy | dir:// lazy "
+            "| dir:// ÷ FileStore, lazy |"
+        ),
         "|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for size in sizes:
@@ -73,12 +78,14 @@ def markdown(results: dict, image_dir: str = "") -> str:
     repetitions = max(len(samples["seconds"]) for by_size in results["methods"].values()
                       for samples in by_size.values())
     lines = [
-        f"**Bootstrap at scale** (`{results['command']}`, {results['date']}): {machine['cpus']} CPUs "
-        f"({machine['cpu_model']}), {machine['memory_gib']:.0f} GiB, load {machine['load_before'][0]:.1f} before and "
-        f"{machine['load_after'][0]:.1f} after; Python {machine['python']}, torch {machine['torch']}. Forked ranks, "
-        f"gloo on loopback; seconds from the first fork until the last rank has passed its first barrier, median of "
-        f"up to {repetitions}. *lazy*: `TORCH_GLOO_LAZY_INIT=1` "
-        f"({'known to' if results['lazy_init_available'] else 'not in'} this torch's gloo).",
+        (
+            f"**Bootstrap at scale** (`{results['command']}`, {results['date']}): {machine['cpus']} CPUs "
+            f"({machine['cpu_model']}), {machine['memory_gib']:.0f} GiB, load {machine['load_before'][0]:.1f} before "
+            f"and {machine['load_after'][0]:.1f} after; Python {machine['python']}, torch {machine['torch']}. Forked "
+            f"ranks, gloo on loopback; seconds from the first fork until the last rank has passed its first barrier, "
+            f"median of up to {repetitions}. *lazy*: `TORCH_GLOO_LAZY_INIT=1` "
+            f"({'known to' if results['lazy_init_available'] else 'not in'} this torch's gloo)."
+        ),
         "",
         "| world size | " + " | ".join(labels) + " |",
         "|---:|" + "---:|" * len(labels),
@@ -91,14 +98,17 @@ def markdown(results: dict, image_dir: str = "") -> str:
         lines.append(f"| {size} | " + " | ".join(cells) + " |")
     lines += [
         "",
-        "`dir://`'s filesystem operations per rank (opens, reads, creates, writes, links, unlinks, stats, listings; "
-        "the median rank and the busiest one, medians over the repetitions) and that divided by the world size N; "
-        "each rank's own memory (pages it does not share with the process it was forked from, after its barrier; "
-        "median rank, `dir://`); the most of the machine's memory a trial took (MemAvailable's largest drop, "
-        "median over the repetitions, other work on the machine included):",
+        (
+            "`dir://`'s filesystem operations per rank (opens, reads, creates, writes, links, unlinks, stats, "
+            "listings; the median rank and the busiest one, medians over the repetitions) and that divided by the "
+            "world size N; each rank's own memory (pages it does not share with the process it was forked from, after "
+            "its barrier; median rank, `dir://`); the most of the machine's memory a trial took (MemAvailable's "
+            "largest drop, median over the repetitions, other work on the machine included):"
+        ),
         "",
-        "| world size | `dir://` operations per rank: median (busiest) | per rank / N | `dir://` lazy | own memory per rank (MiB) | "
-        "machine memory taken (MiB): " + " / ".join(label for label in labels if not label.endswith("lazy")) + " |",
+        "| world size | `dir://` operations per rank: median (busiest) | per rank / N | `dir://` lazy "
+        "| own memory per rank (MiB) | machine memory taken (MiB): "
+        + " / ".join(label for label in labels if not label.endswith("lazy")) + " |",
         "|---:|---:|---:|---:|---:|---:|",
     ]
     for size in _sizes(results):

@@ -26,7 +26,7 @@ def run(repetitions: int, workdir: Path, advance) -> dict:
         for trainer in rotated(TRAINERS, repetition):
             launches[trainer].append(_launch_to_first_step(trainer, workdir / f"launch-{repetition}-{trainer}"))
             advance(1)
-    ratios = [ours / lightning for ours, lightning in zip(launches["ours"], launches["pytorch_lightning"])]
+    ratios = [ours / lightning for ours, lightning in zip(launches["ours"], launches["pytorch_lightning"], strict=True)]
     low, high = bootstrap_ci(ratios)
     return {
         "import_ms": {name: in_ms(summary([probe[f"{name}_s"] for probe in imports]))

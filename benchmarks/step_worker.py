@@ -10,6 +10,7 @@ through its file. Rank 0 appends one JSON line per fit to the output file, which
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import time
@@ -22,8 +23,16 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, DistributedSampler
 
 import lightning_dist_hooks
-from benchmarks.workload import (BATCH_SIZE, SEED, Classifier, HookedClassifier, StepClock, make_dataset, make_mlp,
-                                 trainer_kwargs)
+from benchmarks.workload import (
+    BATCH_SIZE,
+    SEED,
+    Classifier,
+    HookedClassifier,
+    StepClock,
+    make_dataset,
+    make_mlp,
+    trainer_kwargs,
+)
 
 
 def run_raw_ddp(fit: dict, batches: int, rank: int) -> list[float]:
@@ -40,7 +49,7 @@ def run_raw_ddp(fit: dict, batches: int, rank: int) -> list[float]:
         torch.nn.functional.cross_entropy(model(inputs), targets).backward()
         optimizer.step()
     del model  # gloo can hang at exit if DDP's reducer outlives its process group
-    return [later - earlier for earlier, later in zip(starts, starts[1:])]
+    return [later - earlier for earlier, later in itertools.pairwise(starts)]
 
 
 def run_lightning(fit: dict, batches: int) -> list[float]:
@@ -62,10 +71,7 @@ def main() -> None:
     rank = int(os.environ["LOCAL_RANK"])
     batches = plan["warmup"] + plan["steps"] + 1  # N batch starts give N - 1 steps
     for fit in plan["fits"]:
-        if fit["variant"] == "raw_ddp":
-            seconds = run_raw_ddp(fit, batches, rank)
-        else:
-            seconds = run_lightning(fit, batches)
+        seconds = run_raw_ddp(fit, batches, rank) if fit["variant"] == "raw_ddp" else run_lightning(fit, batches)
         dist.destroy_process_group()
         if rank == 0:
             record = {**fit, "step_seconds": seconds[plan["warmup"]:]}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import time
 
 import pytorch_lightning as pl
@@ -30,9 +31,9 @@ def make_dataset(batches_per_rank: int, world_size: int) -> TensorDataset:
 
 def trainer_kwargs(steps: int) -> dict:
     """Identical for pytorch_lightning.Trainer and ours: nothing that logs, checkpoints or prints per step."""
-    return dict(accelerator="cpu", devices=2, strategy="ddp", max_steps=steps, max_epochs=1, logger=False,
-                enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
-                num_sanity_val_steps=0)
+    return {"accelerator": "cpu", "devices": 2, "strategy": "ddp", "max_steps": steps, "max_epochs": 1,
+            "logger": False, "enable_checkpointing": False, "enable_progress_bar": False,
+            "enable_model_summary": False, "num_sanity_val_steps": 0}
 
 
 class Classifier(pl.LightningModule):
@@ -77,4 +78,4 @@ class StepClock(pl.Callback):
 
     @property
     def step_seconds(self) -> list[float]:
-        return [later - earlier for earlier, later in zip(self.starts, self.starts[1:])]
+        return [later - earlier for earlier, later in itertools.pairwise(self.starts)]

@@ -11,7 +11,7 @@ world_size-th draw, so ranks never repeat each other's samples within an epoch.
 from __future__ import annotations
 
 from collections import Counter
-from typing import Iterator, Optional
+from collections.abc import Iterator
 
 import pytorch_lightning as pl
 import torch
@@ -48,7 +48,7 @@ class Classifier(LightningModule):
         self.layer = torch.nn.Linear(2, 2)
         self.labels_seen: Counter = Counter()
 
-    def configure_sampler(self, dataloader: DataLoader, stage: RunningStage) -> Optional[Sampler]:
+    def configure_sampler(self, dataloader: DataLoader, stage: RunningStage) -> Sampler | None:
         if stage != RunningStage.TRAINING:
             return super().configure_sampler(dataloader, stage)  # Lightning's usual choice elsewhere
         labels = dataloader.dataset.tensors[1]

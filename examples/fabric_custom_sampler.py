@@ -56,8 +56,9 @@ def train(fabric: Fabric) -> None:
     weights = fabric.all_gather(torch.cat([p.detach().flatten() for p in model.parameters()]))
     if fabric.global_rank == 0:
         same = all(torch.equal(weights[0], other) for other in weights[1:])
-        print(f"fabric ranks={fabric.world_size} backend={dist.get_backend()} init_method={fabric.torch_dist_init_method} "
-              f"samples_per_epoch={int(samples)} weights_equal_on_all_ranks={same}", flush=True)
+        print(f"fabric ranks={fabric.world_size} backend={dist.get_backend()} "
+              f"init_method={fabric.torch_dist_init_method} samples_per_epoch={int(samples)} "
+              f"weights_equal_on_all_ranks={same}", flush=True)
 
 
 def main() -> None:

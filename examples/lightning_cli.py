@@ -1,4 +1,5 @@
-"""LightningCLI with ``trainer_class=lightning_dist_hooks.Trainer``: our flags are ``--trainer.*`` options like any other.
+"""LightningCLI with ``trainer_class=lightning_dist_hooks.Trainer``: our flags are ``--trainer.*`` options like any
+other.
 
     python examples/lightning_cli.py fit --trainer.accelerator=cpu --trainer.devices=2 --trainer.strategy=ddp \\
         --trainer.max_epochs=2 --trainer.torch_dist_backend=gloo --trainer.torch_dist_init_method=file:///shared/me/

@@ -1,4 +1,5 @@
-"""The same 2-process gloo + ``file://`` run, written against the unified ``lightning`` package (``import lightning as L``).
+"""The same 2-process gloo + ``file://`` run, written against the unified ``lightning`` package
+(``import lightning as L``).
 
     python examples/lightning_package.py --rendezvous-dir /shared/scratch/me/
 

@@ -9,11 +9,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import helpers
 import pytest
 from _pytest.doctest import DoctestItem
-
-import helpers
-from cluster import EmulatedCluster, cluster_down, cluster_up
+from cluster import cluster_down, cluster_up
 from helpers import FIT_JOB, REPO, JobResult, run_command
 
 # Scripts that the tests run as jobs (under mpirun, or as a rank): --doctest-modules must not import them here.
@@ -164,7 +163,8 @@ def _slurm_daemons_alive(state_dir: Path) -> bool:
 @pytest.fixture(scope="session")
 def slurm_cluster():
     """A running single-node SLURM (.ci/slurm-up.sh); stopped at the end only if this session started it."""
-    missing = [command for command in ("srun", "sbatch", "slurmctld", "slurmd", "munged") if shutil.which(command) is None]
+    missing = [command for command in ("srun", "sbatch", "slurmctld", "slurmd", "munged")
+               if shutil.which(command) is None]
     if missing:
         pytest.skip(f"SLURM is not installed ({', '.join(missing)} missing); .ci/install installs slurm-wlm and munge")
     if os.geteuid() != 0:

@@ -15,13 +15,12 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
-from typing import Optional
 
 import pytest
 
 from lightning_dist_hooks import mpi
-from lightning_dist_hooks.supported_versions import MPI_TRANSPORT_TORCH
 from lightning_dist_hooks.launcher_variables import without_launcher_variables
+from lightning_dist_hooks.supported_versions import MPI_TRANSPORT_TORCH
 
 REPO = Path(__file__).resolve().parents[1]
 FIT_JOB = REPO / "tests" / "jobs" / "fit_job.py"
@@ -58,7 +57,7 @@ class JobResult:
     out_dir: Path
     ranks: dict[int, dict] = field(default_factory=dict)
 
-    def assert_ok(self) -> "JobResult":
+    def assert_ok(self) -> JobResult:
         assert self.returncode == 0, f"job failed with exit code {self.returncode}:\n{self.output[-6000:]}"
         return self
 
@@ -76,11 +75,13 @@ def _rank_records(out_dir: Path) -> dict[int, dict]:
     return ranks
 
 
-def run_command(command: list[str], cwd: Path, out_dir: Path, timeout: float = 240, env: dict | None = None) -> JobResult:
+def run_command(command: list[str], cwd: Path, out_dir: Path, timeout: float = 240,
+                env: dict | None = None) -> JobResult:
     """Run ``command`` to completion (killed after ``timeout`` s) and collect the rank records in ``out_dir``."""
     try:
         completed = subprocess.run(command, cwd=cwd, env=env or job_environment(), timeout=timeout,
-                                   stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, stdin=subprocess.DEVNULL)
+                                   stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                   stdin=subprocess.DEVNULL)
     except subprocess.TimeoutExpired as expired:
         raise AssertionError(f"{command} did not finish in {timeout} s:\n{(expired.output or '')[-6000:]}") from None
     return JobResult(completed.returncode, completed.stdout, out_dir, _rank_records(out_dir))
@@ -91,7 +92,7 @@ def run_ranks(rank_environments: list[dict[str, str]], flags: list[str], out_dir
     """Start tests/jobs/fit_job.py once per rank with that rank's environment, as an emulated launcher would."""
     logs = [cwd / f"rank{rank}.log" for rank in range(len(rank_environments))]
     processes = []
-    for environment, log in zip(rank_environments, logs):
+    for environment, log in zip(rank_environments, logs, strict=True):
         with open(log, "w") as output:
             processes.append(subprocess.Popen([sys.executable, str(FIT_JOB), "--out", str(out_dir), *flags], cwd=cwd,
                                               env=environment, stdout=output, stderr=subprocess.STDOUT,
@@ -123,7 +124,7 @@ class Rank:
         return self.size
 
 
-def _open_mpi_mpirun() -> Optional[str]:
+def _open_mpi_mpirun() -> str | None:
     """Open MPI's mpirun: Debian's ``mpirun.openmpi``, or an ``mpirun`` that says it is Open MPI."""
     if shutil.which("mpirun.openmpi"):
         return shutil.which("mpirun.openmpi")

@@ -1,8 +1,11 @@
 """The package's rooms stay as the docs describe them: no import cycles between its modules, no module importing the
 package that contains it, and the layers import only downwards (the rendezvous never imports the Trainer's side).
+Around it, the repository's other code (benchmarks, examples, tests) imports nothing around a loop either, and the
+package imports none of it.
 
 Read from the source with ``ast``, so the imports counted are the ones a module makes when it is imported: those at
-its top level (not under ``if TYPE_CHECKING:``, not inside a function, where a few are deferred on purpose)."""
+its top level (not under ``if TYPE_CHECKING:``, not inside a function, where the package defers a few on purpose).
+Outside the package, and for what the package may never import, the imports inside functions count too."""
 
 from __future__ import annotations
 
@@ -16,6 +19,7 @@ import lightning_dist_hooks
 pytestmark = pytest.mark.unit
 
 PACKAGE_DIR = Path(lightning_dist_hooks.__file__).parent
+REPO = Path(__file__).resolve().parents[1]
 # Lower layers first; a module may import from its own layer and the ones before it: the launchers' variables, then
 # what talks to Lightning, torch's backends and the rendezvous, then what the user configures (flags, hooks), then
 # the process group's life. The top (the Trainer, Fabric, strategy, sampler, doctor) may import anything.
@@ -29,47 +33,59 @@ LAYERS = [
 ]
 
 
-def module_names() -> dict[str, Path]:
+def module_names(directory: Path, package: str | None = None) -> dict[str, Path]:
+    """The modules in ``directory`` by the names they are imported as: ``package.sub.module`` in a package; in a
+    folder of scripts (run with the folder on ``sys.path``, as tests/ and examples/ are), each file's own name."""
+    if package is None:
+        return {path.stem: path for path in directory.glob("*.py")}
     names = {}
-    for path in PACKAGE_DIR.rglob("*.py"):
-        parts = ("lightning_dist_hooks", *path.relative_to(PACKAGE_DIR).with_suffix("").parts)
+    for path in directory.rglob("*.py"):
+        parts = (package, *path.relative_to(directory).with_suffix("").parts)
         names[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
     return names
 
 
-MODULES = module_names()
+MODULES = module_names(PACKAGE_DIR, "lightning_dist_hooks")
+# The repository around the package: a package run with ``python -m``, and folders of scripts.
+AROUND = {"benchmarks": module_names(REPO / "benchmarks", "benchmarks")} | {
+    folder: module_names(REPO / folder) for folder in ("examples", "tests", "tests/mpi", "tests/jobs")}
 
 
-def _absolute(module: str, node: ast.ImportFrom) -> str:
+def _absolute(module: str, node: ast.ImportFrom, modules: dict[str, Path]) -> str:
     if not node.level:
         return node.module or ""
-    package = module if MODULES[module].name == "__init__.py" else module.rpartition(".")[0]
+    package = module if modules[module].name == "__init__.py" else module.rpartition(".")[0]
     for _ in range(node.level - 1):
         package = package.rpartition(".")[0]
     return f"{package}.{node.module}" if node.module else package
 
 
-def eager_imports(module: str) -> set[str]:
-    """The package's modules that importing ``module`` imports directly."""
+def imports(module: str, modules: dict[str, Path] = MODULES, deferred: bool = False) -> set[str]:
+    """Every module (of ``modules`` or not) that importing ``module`` imports directly; with ``deferred``, also those
+    that its functions import when they run."""
     found = set()
 
-    def visit(statements: list[ast.stmt]) -> None:
-        for node in statements:
-            if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
-                visit(node.orelse)
-            elif isinstance(node, ast.Import):
-                found.update(alias.name for alias in node.names)
-            elif isinstance(node, ast.ImportFrom):
-                source = _absolute(module, node)
-                for alias in node.names:  # "from package import submodule" imports the submodule
-                    found.add(f"{source}.{alias.name}" if f"{source}.{alias.name}" in MODULES else source)
-            elif isinstance(node, (ast.If, ast.Try, ast.With)):
-                for block in ("body", "orelse", "finalbody", "handlers"):
-                    for inner in getattr(node, block, []):
-                        visit(inner.body if isinstance(inner, ast.ExceptHandler) else [inner])
+    def visit(node: ast.AST) -> None:
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            for inner in node.orelse:
+                visit(inner)
+        elif isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            source = _absolute(module, node, modules)
+            for alias in node.names:  # "from package import submodule" imports the submodule
+                found.add(f"{source}.{alias.name}" if f"{source}.{alias.name}" in modules else source)
+        elif deferred or not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            for inner in ast.iter_child_nodes(node):
+                visit(inner)
 
-    visit(ast.parse(MODULES[module].read_text(encoding="utf-8")).body)
-    return {name for name in found if name in MODULES and name != module}
+    visit(ast.parse(modules[module].read_text(encoding="utf-8")))
+    return found - {module}
+
+
+def eager_imports(module: str) -> set[str]:
+    """The package's modules that importing ``module`` imports directly."""
+    return imports(module) & MODULES.keys()
 
 
 def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
@@ -114,6 +130,22 @@ def layer_of(module: str) -> int:
 
 def test_no_module_of_the_package_imports_itself_around_a_loop():
     assert cycles({module: eager_imports(module) for module in MODULES}) == []
+
+
+@pytest.mark.parametrize("folder", AROUND)
+def test_no_module_of_the_repository_around_the_package_imports_itself_around_a_loop(folder):
+    """Counting the imports inside functions: a loop closed only when a function runs is a loop all the same."""
+    modules = AROUND[folder]
+    assert cycles({module: imports(module, modules, deferred=True) & modules.keys() for module in modules}) == []
+
+
+def test_the_package_imports_nothing_of_the_repository_around_it():
+    """Not even inside a function: benchmarks/, examples/ and tests/ are not installed with the package."""
+    around = {"benchmarks", "examples", "tests"} | {name.partition(".")[0] for modules in AROUND.values()
+                                                    for name in modules}
+    reached = [f"{module} -> {target}" for module in MODULES for target in imports(module, deferred=True)
+               if target.partition(".")[0] in around]
+    assert reached == []
 
 
 def test_no_module_imports_a_package_that_contains_it():

@@ -12,9 +12,9 @@ import statistics
 from pathlib import Path
 
 import pytest
+from helpers import REPO
 
 import lightning_dist_hooks
-from helpers import REPO
 
 pytestmark = [pytest.mark.compat, pytest.mark.unit]
 
@@ -22,7 +22,9 @@ PACKAGE_DIR = Path(lightning_dist_hooks.__file__).parent
 README = REPO / "README.md"
 PAGES = [README, *sorted((REPO / "docs").glob("*.md"))]
 README_MAX_LINES = 300
-NAMED_PATH = re.compile(r"(?<![\w/.-])((?:lightning_dist_hooks|examples|benchmarks|tests|docs|\.ci)/(?:[\w./-]*[\w/])?)")
+NAMED_PATH = re.compile(
+    r"(?<![\w/.-])((?:lightning_dist_hooks|examples|benchmarks|tests|docs|\.ci)/(?:[\w./-]*[\w/])?)"
+)
 LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)\)")
 FENCE = re.compile(r"^```.*?^```", re.DOTALL | re.MULTILINE)
 

@@ -92,7 +92,8 @@ def test_lightning_launcher_healthy_table(tmp_path, rendezvous_dir):
 
 
 # Lightning's and torch's own warnings during the doctor's Trainer run (issue 30), which used to follow the verdict.
-LIGHTNING_WARNINGS = ("`isinstance(treespec, LeafSpec)` is deprecated", "Using `DistributedSampler` with the dataloaders",
+LIGHTNING_WARNINGS = ("`isinstance(treespec, LeafSpec)` is deprecated",
+                      "Using `DistributedSampler` with the dataloaders",
                       "The `srun` command is available on your system but is not used")
 
 

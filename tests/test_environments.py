@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from helpers import Rank, both_packages, job_environment, run_ranks
 from lightning_fabric.plugins.environments import (
     LightningEnvironment,
     LSFEnvironment,
@@ -22,7 +23,6 @@ from lightning_fabric.plugins.environments import (
     TorchElasticEnvironment,
 )
 
-from helpers import both_packages, job_environment, Rank, run_ranks
 from lightning_dist_hooks import (
     FluxEnvironment,
     HydraEnvironment,
@@ -32,13 +32,13 @@ from lightning_dist_hooks import (
     OpenMPIEnvironment,
     PALSEnvironment,
     Trainer,
+    _lightning_internals,
     detect_cluster_environment,
     environments,
     launch_identity,
     mpi,
     register_cluster_environment,
 )
-from lightning_dist_hooks import _lightning_internals
 from lightning_dist_hooks._lightning_internals import PYTORCH_LIGHTNING
 from lightning_dist_hooks.environments import LAUNCHER_ENVIRONMENTS, detection_order
 from lightning_dist_hooks.init_methods import FileInitMethod
@@ -56,8 +56,9 @@ MVAPICH2 = {"MV2_COMM_WORLD_RANK": "3", "MV2_COMM_WORLD_SIZE": "8", "MV2_COMM_WO
             "MV2_COMM_WORLD_LOCAL_SIZE": "2"}
 FLUX = {"FLUX_TASK_RANK": "3", "FLUX_TASK_LOCAL_ID": "1", "FLUX_JOB_SIZE": "8", "FLUX_JOB_NNODES": "4",
         "FLUX_JOB_ID": "ƒ2Bt7T6Cw", "PMI_RANK": "3", "PMI_SIZE": "8", "PMI_FD": "6"}
-PALS = {"PALS_RANKID": "3", "PALS_LOCAL_RANKID": "1", "PALS_NODEID": "1", "PALS_APID": "7f1c-aa", "PALS_LOCAL_SIZE": "2",
-        "PMI_RANK": "3", "PMI_SIZE": "8", "PMI_LOCAL_RANK": "1", "PMI_LOCAL_SIZE": "2", "PBS_JOBID": "1234.pbs01"}
+PALS = {"PALS_RANKID": "3", "PALS_LOCAL_RANKID": "1", "PALS_NODEID": "1", "PALS_APID": "7f1c-aa",
+        "PALS_LOCAL_SIZE": "2", "PMI_RANK": "3", "PMI_SIZE": "8", "PMI_LOCAL_RANK": "1", "PMI_LOCAL_SIZE": "2",
+        "PBS_JOBID": "1234.pbs01"}
 # What a process started by srun (mpi/pmi2 plugin) sees: PMI_RANK/PMI_SIZE but none of Hydra's MPI_LOCALRANKID.
 SRUN = {"SLURM_NTASKS": "8", "SLURM_NTASKS_PER_NODE": "2", "SLURM_PROCID": "3", "SLURM_LOCALID": "1",
         "SLURM_NODEID": "1", "SLURM_JOB_ID": "42", "SLURM_STEP_ID": "0", "SLURM_JOB_NAME": "train",
@@ -102,7 +103,8 @@ def test_detection_priority(launcher_env, variables, expected):
 def test_ranks_node_rank_and_identity_come_from_the_table(launcher_env, environment, variables, node_rank, identity):
     launcher_env(variables)
     cluster = environment()
-    assert (cluster.global_rank(), cluster.world_size(), cluster.local_rank(), cluster.node_rank()) == (3, 8, 1, node_rank)
+    ranks = (cluster.global_rank(), cluster.world_size(), cluster.local_rank(), cluster.node_rank())
+    assert ranks == (3, 8, 1, node_rank)
     assert cluster.creates_processes_externally is True
     assert launch_identity(cluster) == identity
 
@@ -111,7 +113,7 @@ def test_ranks_node_rank_and_identity_come_from_the_table(launcher_env, environm
 def test_env_main_address_on_several_nodes_needs_master_addr_or_file(launcher_env, tmp_path):
     launcher_env(OPENMPI)
     with pytest.raises(RuntimeError, match=r"OpenMPIEnvironment: env:// needs rank 0's address.*file:///SHARED/DIR/"):
-        OpenMPIEnvironment().main_address
+        _ = OpenMPIEnvironment().main_address
     launcher_env({**OPENMPI, "MASTER_ADDR": "10.1.2.3", "MASTER_PORT": "29400"})
     assert (OpenMPIEnvironment().main_address, OpenMPIEnvironment().main_port) == ("10.1.2.3", 29400)
 
@@ -123,7 +125,8 @@ def test_env_main_address_on_several_nodes_needs_master_addr_or_file(launcher_en
         (OpenMPIEnvironment, OPENMPI, 2, 4, None),  # rank 3, local rank 1 of 2: block placement
         (FluxEnvironment, FLUX, 2, 4, None),
         (PALSEnvironment, {**PALS, "PALS_LOCAL_RANKID": "0"}, 2, 4, None),  # PALS names the node: nothing derived
-        (OpenMPIEnvironment, OPENMPI, 2, 2, r"started 8 processes \(OMPI_COMM_WORLD_SIZE=8\).*devices=2 and num_nodes=2, i.e. 4"),
+        (OpenMPIEnvironment, OPENMPI, 2, 2,
+         r"started 8 processes \(OMPI_COMM_WORLD_SIZE=8\).*devices=2 and num_nodes=2, i.e. 4"),
         (OpenMPIEnvironment, OPENMPI, 4, 2, r"placed 2 processes on each node, but the Trainer has devices=4"),
         (FluxEnvironment, FLUX, 1, 8, r"placed 2 processes on each node, but the Trainer has devices=1"),
         # mpirun --map-by node on 4 nodes of 2: rank 3 is the second rank of node 3, not of node 1.
@@ -187,7 +190,8 @@ def test_no_job_identity_asks_for_an_explicit_file(launcher_env, tmp_path):
 def test_processes_started_with_local_rank_by_hand_have_no_identity(launcher_env, tmp_path):
     launcher_env({"LOCAL_RANK": "0", "NODE_RANK": "0", "WORLD_SIZE": "2"})
     with pytest.raises(ValueError, match=r"LightningEnvironment names no job"):
-        Trainer(accelerator="cpu", devices=2, strategy="ddp", torch_dist_init_method=f"file://{tmp_path}/", logger=False)
+        Trainer(accelerator="cpu", devices=2, strategy="ddp", torch_dist_init_method=f"file://{tmp_path}/",
+                logger=False)
 
 
 @pytest.mark.unit
@@ -204,7 +208,8 @@ def test_a_plugin_given_by_the_user_is_kept(launcher_env, package):
 def test_nothing_is_added_where_lightning_would_choose_the_same_environment(launcher_env):
     launcher_env(SRUN)
     kwargs = {"plugins": None}
-    assert with_detected_cluster_environment(kwargs, PYTORCH_LIGHTNING) is kwargs  # Lightning makes its SLURMEnvironment itself
+    # Lightning makes its SLURMEnvironment itself.
+    assert with_detected_cluster_environment(kwargs, PYTORCH_LIGHTNING) is kwargs
     launcher_env({**SBATCH_STEP, **OPENMPI})
     (added,) = with_detected_cluster_environment(kwargs, PYTORCH_LIGHTNING)["plugins"]
     assert type(added) is OpenMPIEnvironment
@@ -378,7 +383,8 @@ def test_a_leftover_file_with_its_claim_stops_the_rerun_with_the_file_named(tmp_
     url = f"file://{tmp_path}/ldh-rendezvous-job"
     first = FileInitMethod().prepare(url, Rank(1))  # an earlier run, killed: nothing removed
     private = tmp_path / f"ldh-uid-{os.geteuid()}"  # the per-user directory (issue 9)
-    assert first.claim == private / "ldh-rendezvous-job.rank1.claim" and oct(first.claim.stat().st_mode & 0o777) == "0o600"
+    assert first.claim == private / "ldh-rendezvous-job.rank1.claim"
+    assert oct(first.claim.stat().st_mode & 0o777) == "0o600"
     with pytest.raises(RuntimeError, match=rf"rank 1 found {first.claim} and {first.file} left by an earlier run"):
         FileInitMethod().prepare(url, Rank(1))
     # A peer of the same launch (another rank) is never mistaken for a leftover.

@@ -6,7 +6,6 @@ import subprocess
 import sys
 
 import pytest
-
 from helpers import REPO, free_port, job_environment
 
 pytestmark = pytest.mark.slow

@@ -12,15 +12,14 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from helpers import (
     BOTH,
     LIGHTNING,
     PYTORCH_LIGHTNING,
     REPO,
+    JobResult,
     both_packages,
     job_environment,
-    JobResult,
     needs_mpi,
     needs_openmpi,
     openmpi_run,

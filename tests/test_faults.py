@@ -21,8 +21,17 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers import (FIT_JOB, OPENMPI_MPIRUN, JobResult, Rank, job_environment, openmpi_run, processes_mentioning,
-                     run_command, slurm_environment)
+from helpers import (
+    FIT_JOB,
+    OPENMPI_MPIRUN,
+    JobResult,
+    Rank,
+    job_environment,
+    openmpi_run,
+    processes_mentioning,
+    run_command,
+    slurm_environment,
+)
 
 from lightning_dist_hooks.init_methods import FileInitMethod
 from lightning_dist_hooks.init_methods._shared_filesystem.janitor import Janitor
@@ -80,8 +89,8 @@ def test_a_rendezvous_stuck_inside_torch_past_its_timeout_ends_the_rank_naming_i
         listener.bind(("127.0.0.1", 0))
         listener.listen(0)
         url = f"tcp://127.0.0.1:{listener.getsockname()[1]}"
-        flux_rank_1 = job_environment(FLUX_TASK_RANK="1", FLUX_TASK_LOCAL_ID="1", FLUX_JOB_SIZE="2", FLUX_JOB_NNODES="1",
-                                      FLUX_JOB_ID="f42stuck", PMI_RANK="1", PMI_SIZE="2")
+        flux_rank_1 = job_environment(FLUX_TASK_RANK="1", FLUX_TASK_LOCAL_ID="1", FLUX_JOB_SIZE="2",
+                                      FLUX_JOB_NNODES="1", FLUX_JOB_ID="f42stuck", PMI_RANK="1", PMI_SIZE="2")
         result, elapsed = timed(run_job, *SHORT_FLAGS, "--init-method", url, env=flux_rank_1)
     assert result.returncode == 1, result.output[-4000:]
     assert (f"rank 1 of 2: the rendezvous through {url} has not returned 10 s after its {TIMEOUT_S} s timeout: it is "
@@ -105,7 +114,8 @@ def test_a_rendezvous_file_cut_short_mid_record_ends_the_waiting_rank_naming_it(
                                   stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
         try:
             while not (path.exists() and path.stat().st_size > 0):  # rank 0's FileStore has written its first record
-                assert rank_0.poll() is None and time.monotonic() - started < STARTUP_S, (tmp_path / "rank0.log").read_text()
+                assert rank_0.poll() is None and time.monotonic() - started < STARTUP_S, \
+                    (tmp_path / "rank0.log").read_text()
                 time.sleep(0.05)
             with open(path, "ab") as store:
                 fcntl.flock(store, fcntl.LOCK_EX)
@@ -115,8 +125,8 @@ def test_a_rendezvous_file_cut_short_mid_record_ends_the_waiting_rank_naming_it(
             rank_0.kill()
     output = (tmp_path / "rank0.log").read_text()
     assert returncode == 1, output[-4000:]
-    assert (f"rank 0 of 2: the rendezvous through file://{path} has not returned 10 s after its {TIMEOUT_S} s timeout: it is "
-            "stuck inside torch") in output, output[-4000:]
+    assert (f"rank 0 of 2: the rendezvous through file://{path} has not returned 10 s after its {TIMEOUT_S} s "
+            "timeout: it is stuck inside torch") in output, output[-4000:]
     wait_until_gone(tmp_path, rendezvous_dir)
 
 
@@ -227,8 +237,8 @@ def test_a_stale_rendezvous_file_at_an_explicit_path_stops_the_next_run_naming_i
 
 
 def _janitor_for(directory: Path) -> Janitor:
-    return Janitor(os.open(directory, os.O_RDONLY | os.O_DIRECTORY), os.open(directory.parent, os.O_RDONLY | os.O_DIRECTORY),
-                   directory.name)
+    return Janitor(os.open(directory, os.O_RDONLY | os.O_DIRECTORY),
+                   os.open(directory.parent, os.O_RDONLY | os.O_DIRECTORY), directory.name)
 
 
 def test_the_janitor_removes_the_files_when_its_rank_ends_without_cleaning_up(tmp_path):

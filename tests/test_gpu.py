@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed as dist
-
 from helpers import FIT_JOB, PYTORCH_LIGHTNING, REPO, JobResult, both_packages, needs_mpi, openmpi_run, run_command
+
 from lightning_dist_hooks import _lightning_internals
 from lightning_dist_hooks.config import ProcessGroupConfig
 from lightning_dist_hooks.hooks import default_setup_distributed_backend
@@ -67,7 +67,7 @@ def _lightnings_call(package, side: str, backend: str, device: torch.device, cal
     strategy = _strategy(package, side, backend, device)
     strategy.setup_distributed() if side == "trainer" else strategy._setup_distributed()
     dist.destroy_process_group()
-    (name, recorded_backend, keywords), = [call for call in calls if call[0] == "init_process_group"]
+    (_name, recorded_backend, keywords), = [call for call in calls if call[0] == "init_process_group"]
     calls.clear()
     assert recorded_backend == backend
     return keywords
@@ -202,7 +202,8 @@ def test_default_flags_on_a_gpu_train_what_lightnings_trainer_trains(tmp_path):
 @pytest.mark.parametrize(("release", "binds"), [("2.4.0", False), ("2.5.4", False), ("2.5.5", True), ("2.6.6", True)])
 def test_our_group_is_bound_to_a_device_only_where_the_installed_lightning_binds_its_own(monkeypatch, release, binds):
     monkeypatch.setattr(_lightning_internals, "installed_version", lambda distribution: release)
-    assert _lightning_internals.binds_groups_to_devices(_strategy(PYTORCH_LIGHTNING, "trainer", "gloo", CUDA_0)) is binds
+    strategy = _strategy(PYTORCH_LIGHTNING, "trainer", "gloo", CUDA_0)
+    assert _lightning_internals.binds_groups_to_devices(strategy) is binds
 
 
 @pytest.mark.slow

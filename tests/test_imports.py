@@ -7,7 +7,6 @@ import subprocess
 import sys
 
 import pytest
-
 from helpers import job_environment
 
 # Part of the fast subset .ci/compat runs at the ends of the supported version ranges.
@@ -42,5 +41,6 @@ def test_importing_every_module_registers_nothing_starts_nothing_and_sets_nothin
                                capture_output=True, text=True, timeout=120)
     assert completed.returncode == 0, completed.stderr[-4000:]
     report = json.loads(completed.stdout.splitlines()[-1])
-    assert {"lightning_dist_hooks.init_methods._shared_filesystem.janitor", "lightning_dist_hooks.mpi._engine"} <= set(report["modules"])
+    expected = {"lightning_dist_hooks.init_methods._shared_filesystem.janitor", "lightning_dist_hooks.mpi._engine"}
+    assert expected <= set(report["modules"])
     assert report["changed"] == {}

@@ -12,9 +12,9 @@ import warnings
 from pathlib import Path
 
 import pytest
+from helpers import job_environment
 from lightning_fabric.plugins.environments import LightningEnvironment, SLURMEnvironment, TorchElasticEnvironment
 
-from helpers import job_environment
 from lightning_dist_hooks import Trainer
 from lightning_dist_hooks.config import ProcessGroupConfig
 from lightning_dist_hooks.environments import FluxEnvironment, OpenMPIEnvironment, PALSEnvironment
@@ -23,10 +23,10 @@ from lightning_dist_hooks.init_methods import (
     FileInitMethod,
     InitMethod,
     Rendezvous,
+    _base,
     init_method_handler,
     register_init_method,
 )
-from lightning_dist_hooks.init_methods import _base
 
 
 @pytest.fixture
@@ -66,7 +66,8 @@ def test_every_step_has_a_default(registry):
     handler = init_method_handler(config.init_method)
     rendezvous = handler.prepare(config.init_method, LightningEnvironment())
     assert rendezvous == Rendezvous("named://anything")
-    assert handler.missing_ranks(rendezvous, 2, TimeoutError()) == "which ranks are missing cannot be known from this rank"
+    missing = handler.missing_ranks(rendezvous, 2, TimeoutError())
+    assert missing == "which ranks are missing cannot be known from this rank"
     handler.finish(rendezvous)
 
 
@@ -98,7 +99,8 @@ _CUSTOM_SCHEME_JOB = textwrap.dedent("""
     from pathlib import Path
     from urllib.parse import urlsplit
     import pytorch_lightning as pl, torch
-    from lightning_dist_hooks import InitMethod, LightningModule, Rendezvous, Trainer, launch_identity, register_init_method
+    from lightning_dist_hooks import (InitMethod, LightningModule, Rendezvous, Trainer, launch_identity,
+                                      register_init_method)
 
     class ScratchInitMethod(InitMethod):
         scheme = "scratch"
@@ -273,8 +275,10 @@ def test_the_location_of_a_shared_filesystem_url_is_the_file_really_used(scheme)
 
 @pytest.mark.unit
 def test_a_filesystem_refusing_flock_is_answered_with_dir_of_the_same_form():
-    from lightning_dist_hooks.init_methods._shared_filesystem.file_scheme import (file_locks_refused,
-                                                                                  rendezvous_file_for_job)
+    from lightning_dist_hooks.init_methods._shared_filesystem.file_scheme import (
+        file_locks_refused,
+        rendezvous_file_for_job,
+    )
 
     error = OSError(errno.ENOLCK, os.strerror(errno.ENOLCK))
     private = Path("/shared/rdzv/ldh-uid-7")

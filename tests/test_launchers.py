@@ -14,7 +14,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from helpers import FIT_JOB, JobResult, needs_openmpi, openmpi_run, run_command, slurm_environment
 
 pytestmark = pytest.mark.slow

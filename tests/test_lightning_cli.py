@@ -11,7 +11,6 @@ import sys
 import pytest
 import torch
 import yaml
-
 from helpers import BOTH, REPO, both_packages, job_environment, run_command
 
 # Part of the fast subset .ci/compat runs at the ends of the supported version ranges.

@@ -1,4 +1,5 @@
-"""lightning_dist_hooks.process_group.lost_peers in one process: who answers through the store, and what is a lost contact.
+"""lightning_dist_hooks.process_group.lost_peers in one process: who answers through the store, and what is a lost
+contact.
 
 The multi-node behaviour (a node's network cut mid-fit) is tests/test_multinode.py's.
 """

@@ -15,10 +15,17 @@ from pathlib import Path
 
 import pytest
 import torch
-
-from helpers import (REPO, free_port, job_environment, needs_mpi, needs_transport_torch, openmpi_run,
-                     processes_mentioning)
+from helpers import (
+    REPO,
+    free_port,
+    job_environment,
+    needs_mpi,
+    needs_transport_torch,
+    openmpi_run,
+    processes_mentioning,
+)
 from jobs.sockets import listening_tcp_ports
+
 from lightning_dist_hooks import mpi
 
 SCRIPTS = REPO / "tests" / "mpi"

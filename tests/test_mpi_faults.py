@@ -12,7 +12,6 @@ import time
 from pathlib import Path
 
 import pytest
-
 from helpers import FIT_JOB, needs_mpi, openmpi_run, processes_mentioning, run_command
 
 pytestmark = [pytest.mark.slow, pytest.mark.mpi]

@@ -6,14 +6,15 @@ import re
 import sys
 
 import pytest
-
 from helpers import FIT_JOB, needs_mpi, openmpi_run, run_command, slurm_environment
+
 from lightning_dist_hooks import Trainer, mpi
 
 
 def fit_under_mpirun(tmp_path, name: str, *flags: str):
     out_dir = tmp_path / name
-    command = ["timeout", "150", *openmpi_run(), sys.executable, str(FIT_JOB), "--out", str(out_dir), "--epochs", "2", *flags]
+    command = ["timeout", "150", *openmpi_run(), sys.executable, str(FIT_JOB), "--out", str(out_dir), "--epochs", "2",
+               *flags]
     return run_command(command, cwd=tmp_path, out_dir=out_dir, timeout=180).assert_ok()
 
 

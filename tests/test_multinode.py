@@ -22,14 +22,13 @@ import os
 import re
 import shutil
 import signal
-import subprocess
 import socket
+import subprocess
 import sys
 import time
 from pathlib import Path
 
 import pytest
-
 from cluster import CLUSTER_RSH, NODE_ADDRESSES, NODES, EmulatedCluster, start_on_nodes
 from helpers import FIT_JOB, JobResult, job_environment, processes_mentioning, run_command, wait_until_empty
 
@@ -349,8 +348,8 @@ def test_a_node_that_never_starts_is_named_by_rank_0(cluster, tmp_path, rendezvo
     elapsed = time.monotonic() - started
     assert result.returncode not in (0, 124), result.output[-4000:]
     assert elapsed < FAULT_TIMEOUT_S + MARGIN_S
-    assert "rank 0 of 4 timed out after 15 s" in result.output and "ranks that never arrived: [2, 3]" in result.output, \
-        result.output[-4000:]
+    assert "rank 0 of 4 timed out after 15 s" in result.output, result.output[-4000:]
+    assert "ranks that never arrived: [2, 3]" in result.output, result.output[-4000:]
     assert sorted(rendezvous_dir.iterdir()) == []
 
 
@@ -379,7 +378,8 @@ def test_a_node_whose_network_goes_down_mid_fit_ends_every_rank(cluster, tmp_pat
         subprocess.run(["ip", "-n", NODES[1].name, "link", "set", "eth0", "up"], check=True)
     output = processes.output()
     assert all(code not in (0, None) for code in codes.values()), f"{codes}\n{output[-6000:]}"
-    # The collective's timeout, then at most 2 * 5 s + 1 s asking who is still there (lightning_dist_hooks.process_group.lost_peers).
+    # The collective's timeout, then at most 2 * 5 s + 1 s asking who is still there
+    # (lightning_dist_hooks.process_group.lost_peers).
     assert elapsed < PG_TIMEOUT_S + 11 + 20, output[-6000:]
     node0, node1 = (processes.logs[node.name].read_text() for node in NODES)
     # Node 0 holds rank 0's store: its ranks see who stopped answering. Node 1's ranks cannot reach that store.
@@ -481,8 +481,8 @@ def test_doctor_under_torchrun_on_two_nodes_finds_a_node_count_other_than_num_no
         (rank, rank // DEVICES, NODES[rank // DEVICES].name) for rank in range(WORLD_SIZE)]
     verdicts = {verdict["check"]: verdict for verdict in reversed(document["verdicts"])}
     assert verdicts["nodes"]["status"] == "fail"
-    assert verdicts["nodes"]["message"] == (f"the launcher started processes on 2 node(s) (LOCAL_WORLD_SIZE=2, "
-                                            f"WORLD_SIZE=4), but the job asks for num_nodes=1")
+    assert verdicts["nodes"]["message"] == ("the launcher started processes on 2 node(s) (LOCAL_WORLD_SIZE=2, "
+                                            "WORLD_SIZE=4), but the job asks for num_nodes=1")
     assert verdicts["nodes"]["fix"].startswith("ask the launcher for 1 node(s) (srun -N 1, torchrun --nnodes 1)")
     assert verdicts["all-reduce"]["status"] == "ok"
     assert wait_until_empty(rendezvous_dir) == [], "the doctor leaves no file behind"

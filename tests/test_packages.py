@@ -12,13 +12,18 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers import LIGHTNING, PYTORCH_LIGHTNING, REPO, both_packages, job_environment
 from packaging.requirements import Requirement
 from packaging.specifiers import SpecifierSet
 from torch.utils.data import DataLoader, TensorDataset
 
-from helpers import LIGHTNING, PYTORCH_LIGHTNING, REPO, both_packages, job_environment
-from lightning_dist_hooks import DistributedHooksTrainerMixin, MixedLightningPackagesError, OpenMPIEnvironment
-from lightning_dist_hooks import _lightning_internals, supported_versions
+from lightning_dist_hooks import (
+    DistributedHooksTrainerMixin,
+    MixedLightningPackagesError,
+    OpenMPIEnvironment,
+    _lightning_internals,
+    supported_versions,
+)
 
 # Part of the fast subset .ci/compat runs at the ends of the supported version ranges.
 pytestmark = pytest.mark.compat
@@ -46,8 +51,8 @@ def model_of(package):
 
 
 def imported_lightning_packages(statement: str) -> list[str]:
-    code = f"import sys; {statement}; print(sorted({{m.split('.')[0] for m in sys.modules}} & " \
-           "{'pytorch_lightning', 'lightning_fabric', 'lightning'}))"
+    code = (f"import sys; {statement}; print(sorted({{m.split('.')[0] for m in sys.modules}} & "
+            "{'pytorch_lightning', 'lightning_fabric', 'lightning'}))")
     completed = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=job_environment(), capture_output=True,
                                text=True, timeout=120)
     assert completed.returncode == 0, completed.stderr
@@ -124,8 +129,8 @@ def test_our_environments_are_plugins_of_both_packages(package, monkeypatch):
 @pytest.mark.parametrize(("ours", "theirs"), [(PYTORCH_LIGHTNING, LIGHTNING), (LIGHTNING, PYTORCH_LIGHTNING)],
                          ids=["pytorch_lightning-given-lightning", "lightning-given-pytorch_lightning"])
 def test_mixing_the_packages_is_one_clear_error_naming_both(ours, theirs):
-    both_named = rf"comes from {theirs.pytorch_module}/{theirs.fabric_module} .* this Trainer is " \
-                 rf"{ours.pytorch_module}/{ours.fabric_module}'s"
+    both_named = (rf"comes from {theirs.pytorch_module}/{theirs.fabric_module} .* this Trainer is "
+                  rf"{ours.pytorch_module}/{ours.fabric_module}'s")
     trainer = ours.ours.Trainer(accelerator="cpu", devices=1, logger=False)
     with pytest.raises(MixedLightningPackagesError, match=rf"model=.*Model {both_named}"):
         trainer.fit(model_of(theirs))
@@ -182,7 +187,8 @@ def test_the_lightning_module_exports_what_the_package_exports_with_its_own_thre
                for name in unified.__all__ if name not in per_package)
     import lightning
 
-    assert issubclass(unified.Trainer, lightning.pytorch.Trainer) and issubclass(unified.Fabric, lightning.fabric.Fabric)
+    assert issubclass(unified.Trainer, lightning.pytorch.Trainer)
+    assert issubclass(unified.Fabric, lightning.fabric.Fabric)
 
 
 def _resolve_private_name(dotted: str, package) -> bool:
@@ -202,7 +208,8 @@ def _resolve_private_name(dotted: str, package) -> bool:
         if hasattr(owner, parts[-1]):
             return True
         # An instance attribute: set in __init__ (building a Trainer would run Lightning's environment detection).
-        return isinstance(owner, type) and bool(re.search(rf"self\.{parts[-1]}\b[^=]*=", inspect.getsource(owner.__init__)))
+        assigned = rf"self\.{parts[-1]}\b[^=]*="
+        return isinstance(owner, type) and bool(re.search(assigned, inspect.getsource(owner.__init__)))
     return False
 
 

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 import torch.distributed as dist
-
 from helpers import Rank, job_environment
+
 from lightning_dist_hooks.init_methods import FileInitMethod, Rendezvous, init_method_handler
 from lightning_dist_hooks.process_group.create import (
     DistributedSetupError,
@@ -46,7 +46,8 @@ def test_check_default_group_accepts_the_group_the_trainer_expects(default_group
 def test_check_default_group_names_a_missing_group():
     assert not dist.is_initialized()
     with pytest.raises(DistributedSetupError, match=r"setup_distributed_backend returned on rank 3 without creating "
-                                                    r"the default process group. Call torch.distributed.init_process_group"):
+                                                    r"the default process group. Call "
+                                                    r"torch.distributed.init_process_group"):
         check_default_group(rank=3, world_size=4)
 
 
@@ -151,7 +152,7 @@ def test_setup_hook_runs_once_per_rank_with_the_resolved_values(run_job, tmp_pat
 @pytest.mark.slow
 def test_setup_hook_alone_gets_lightnings_defaults_and_the_strategy_settings(run_job):
     result = run_job("--strategy", "ddp-instance", "--timeout", "42", "--setup-hook", "record").assert_ok()
-    for rank, record in result.ranks.items():
+    for record in result.ranks.values():
         (call,) = record["setup_calls"]
         assert (call["backend"], call["init_method"], call["timeout_s"]) == ("gloo", "env://", 42.0)
         assert record["strategy_kwargs"] == {"find_unused_parameters": True}
@@ -204,8 +205,8 @@ def test_model_parallel_strategy_takes_the_flags(run_job, tmp_path):
     ("hook", "message"),
     [
         ("no-group", "setup_distributed_backend returned on rank 0 without creating the default process group"),
-        ("wrong-world", "setup_distributed_backend created a process group with rank 0 and world size 1, but this "
-                        "Trainer expects rank 0 and world size 2"),
+        ("wrong-world", ("setup_distributed_backend created a process group with rank 0 and world size 1, but this "
+                         "Trainer expects rank 0 and world size 2")),
     ],
 )
 def test_a_hook_that_leaves_no_proper_group_is_named_in_the_error(run_job, hook, message):

@@ -12,7 +12,6 @@ from datetime import timedelta
 from pathlib import Path
 
 import pytest
-
 from helpers import FIT_JOB, job_environment
 
 from lightning_dist_hooks.process_group.progress import ReportSchedule, rendezvous_progress, waiting_message
@@ -75,9 +74,9 @@ def _start_rank(rank: int, flags: list[str], tmp_path: Path, port: int) -> subpr
     # Two "nodes" of one device under Lightning's environment, started by hand as a cluster script would.
     env = job_environment(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), NODE_RANK=str(rank), LOCAL_RANK="0",
                           WORLD_SIZE="2")
-    log = open(tmp_path / f"rank{rank}.log", "w")
-    return subprocess.Popen([sys.executable, str(FIT_JOB), "--out", str(tmp_path / "out"), *flags], cwd=tmp_path,
-                            env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+    with open(tmp_path / f"rank{rank}.log", "w") as log:  # the child keeps its own copy of the descriptor
+        return subprocess.Popen([sys.executable, str(FIT_JOB), "--out", str(tmp_path / "out"), *flags], cwd=tmp_path,
+                                env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
 
 
 @pytest.mark.slow

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 
 import pytest
-
 from helpers import both_packages
 
 pytestmark = pytest.mark.slow

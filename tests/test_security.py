@@ -30,8 +30,8 @@ import time
 from pathlib import Path
 
 import pytest
-
 from helpers import FIT_JOB, REPO, Rank, job_environment
+
 from lightning_dist_hooks.init_methods import FileInitMethod, rendezvous_file_for_job
 
 VICTIM, ATTACKER, PROJECT_GROUP = "ldh-victim", "ldh-attacker", "ldh-project"
@@ -56,7 +56,7 @@ def _ensure_user(name: str) -> None:
 
 def _unreadable_ancestor(path: Path) -> tuple[Path, str] | None:
     """The first directory above ``path`` that other users cannot enter, and the name below it on the path."""
-    for parent, child in zip([*reversed(path.parents)][:-1], [*reversed(path.parents)][1:]):
+    for parent, child in zip([*reversed(path.parents)][:-1], [*reversed(path.parents)][1:], strict=True):
         if not os.stat(parent).st_mode & stat.S_IXOTH:
             return parent, child.name
     return None
@@ -78,7 +78,10 @@ _AS_USER = textwrap.dedent("""\
     i=0
     while [ $i -lt $pairs ]; do
         eval "blocked=\\$blocked_$i child=\\$child_$i"
-        case "$hidden" in *" $blocked "*) ;; *) mount -t tmpfs -o mode=0755 tmpfs "$blocked"; hidden="$hidden$blocked " ;; esac
+        case "$hidden" in
+            *" $blocked "*) ;;
+            *) mount -t tmpfs -o mode=0755 tmpfs "$blocked"; hidden="$hidden$blocked " ;;
+        esac
         mkdir -p "$blocked/$child"
         mount --bind "$stage/$i" "$blocked/$child"
         i=$((i + 1))
@@ -137,7 +140,7 @@ def users():
 @pytest.fixture(params=["sysctl-zero", "sysctl-defaults"])
 def protections(request):
     """fs.protected_regular and fs.protected_symlinks at 0 (NFS, Lustre) or the distribution's defaults."""
-    settings = {name: "0" for name in DISTRIBUTION_DEFAULTS} if request.param == "sysctl-zero" else DISTRIBUTION_DEFAULTS
+    settings = dict.fromkeys(DISTRIBUTION_DEFAULTS, "0") if request.param == "sysctl-zero" else DISTRIBUTION_DEFAULTS
     saved = {name: Path(f"/proc/sys/fs/{name}").read_text().strip() for name in settings}
     try:
         for name, value in settings.items():
@@ -627,8 +630,8 @@ def test_a_pre_existing_file_is_used_only_if_it_is_a_private_regular_file_with_o
             os.link(path, tmp_path / "elsewhere")
         else:
             path.chmod(0o640)
-    with pytest.raises(RuntimeError, match=rf"{path}' \(a .*owned by .*\).* is not a regular file with one link private "
-                                           r"to this user"):
+    with pytest.raises(RuntimeError, match=rf"{path}' \(a .*owned by .*\).* is not a regular file with one link "
+                                           r"private to this user"):
         FileInitMethod().prepare(f"file://{tmp_path}/rdzv", Rank(0))
     assert sorted(entry.name for entry in private.iterdir()) == ["rdzv"], "the claim must not be left behind"
 

@@ -15,17 +15,17 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed as dist
+from helpers import PYTORCH_LIGHTNING, both_packages
 
 from lightning_dist_hooks import mpi
 from lightning_dist_hooks.backends import check_backend_fits_devices
-from helpers import PYTORCH_LIGHTNING, both_packages
 
 # Part of the fast subset .ci/compat runs at the ends of the supported version ranges.
 pytestmark = [pytest.mark.compat, pytest.mark.unit]
 
 
 def make_trainer(package=PYTORCH_LIGHTNING, **kwargs):
-    options = dict(accelerator="cpu", devices=2, strategy="ddp", logger=False, enable_checkpointing=False)
+    options = {"accelerator": "cpu", "devices": 2, "strategy": "ddp", "logger": False, "enable_checkpointing": False}
     options.update(kwargs)
     return package.ours.Trainer(**options)
 
@@ -91,7 +91,8 @@ def test_nccl_without_cuda_devices_suggests_gloo():
 
 
 def test_the_mpi4py_transport_on_cuda_devices_suggests_nccl():
-    with pytest.raises(ValueError, match=r"'mpi4py' moves CPU tensors only, but this Trainer runs on CUDA. Use torch_dist_backend='nccl'"):
+    with pytest.raises(ValueError, match=r"'mpi4py' moves CPU tensors only, but this Trainer runs on CUDA. "
+                                         r"Use torch_dist_backend='nccl'"):
         check_backend_fits_devices("mpi4py", uses_cuda=True)
 
 
@@ -129,7 +130,8 @@ def test_a_registered_third_party_backend_is_accepted():
 @both_packages
 def test_backend_conflicting_with_the_strategy_is_an_error(package):
     DDPStrategy = package.pl.strategies.DDPStrategy
-    with pytest.raises(ValueError, match=r"torch_dist_backend='gloo' conflicts with DDPStrategy\(process_group_backend='nccl'\)"):
+    with pytest.raises(ValueError,
+                       match=r"torch_dist_backend='gloo' conflicts with DDPStrategy\(process_group_backend='nccl'\)"):
         make_trainer(package, strategy=DDPStrategy(process_group_backend="nccl"), torch_dist_backend="gloo")
 
 
@@ -157,7 +159,8 @@ def test_backend_must_be_a_string():
         ("tcp://bad_host!:29500", r"'bad_host!' is not a host name or IP address"),
         ("tcp://:29500", r"'' is not a host name or IP address"),
         # .invalid never resolves (RFC 2606): the error comes at construction, not after the store's timeout.
-        ("tcp://nohost.invalid:29500", r"the host 'nohost.invalid' does not resolve on .* \(.+\)\. Give rank 0's IP address"),
+        ("tcp://nohost.invalid:29500",
+         r"the host 'nohost.invalid' does not resolve on .* \(.+\)\. Give rank 0's IP address"),
         ("env://127.0.0.1:29500", r"env:// takes no address"),
         ("file://relative/rendezvous", r"must be an absolute path, but 'relative/rendezvous' is relative"),
         ("file:rendezvous", r"must be an absolute path, but 'rendezvous' is relative"),

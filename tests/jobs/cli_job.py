@@ -19,7 +19,9 @@ from torch.utils.data import DataLoader, TensorDataset
 PACKAGES = {"pytorch_lightning": ("pytorch_lightning", "lightning_dist_hooks"),
             "lightning": ("lightning.pytorch", "lightning_dist_hooks.lightning")}
 # sys.argv stays as it is: Lightning's ddp launcher starts the other ranks with it.
-PACKAGE, CLI_ARGS = (sys.argv[2], sys.argv[3:]) if sys.argv[1:2] == ["--package"] else ("pytorch_lightning", sys.argv[1:])
+PACKAGE, CLI_ARGS = (
+    (sys.argv[2], sys.argv[3:]) if sys.argv[1:2] == ["--package"] else ("pytorch_lightning", sys.argv[1:])
+)
 pl = importlib.import_module(PACKAGES[PACKAGE][0])
 ours = importlib.import_module(PACKAGES[PACKAGE][1])
 LightningCLI = importlib.import_module(f"{PACKAGES[PACKAGE][0]}.cli").LightningCLI
@@ -33,7 +35,8 @@ class CliModel(pl.LightningModule):
         self.setup_calls: list[dict] = []
 
     def setup_distributed_backend(self, backend, init_method, rank, world_size, timeout):
-        self.setup_calls.append({"backend": backend, "init_method": init_method, "rank": rank, "world_size": world_size})
+        self.setup_calls.append({"backend": backend, "init_method": init_method, "rank": rank,
+                                 "world_size": world_size})
         dist.init_process_group(backend, init_method=init_method, rank=rank, world_size=world_size, timeout=timeout)
 
     def training_step(self, batch, batch_idx):
@@ -56,7 +59,8 @@ class CliModel(pl.LightningModule):
             "process_group_backend": dist.get_backend() if dist.is_initialized() else None,
             "trainer": f"{type(self.trainer).__module__}.{type(self.trainer).__qualname__}",
             "max_epochs": self.trainer.max_epochs,
-            "weights_sha256": hashlib.sha256(b"".join(p.detach().numpy().tobytes() for p in self.parameters())).hexdigest(),
+            "weights_sha256": hashlib.sha256(
+                b"".join(p.detach().numpy().tobytes() for p in self.parameters())).hexdigest(),
         }
         Path(self.out).mkdir(parents=True, exist_ok=True)
         Path(self.out, f"rank{self.global_rank}.json").write_text(json.dumps(record))

@@ -74,7 +74,8 @@ def train(fabric, out: str) -> None:
         "process_group_backend": dist.get_backend(),
         "seen": seen,
         "samples_on_all_ranks": int(fabric.all_reduce(torch.tensor(len(seen)), reduce_op="sum").item()),
-        "weights_sha256": hashlib.sha256(b"".join(p.detach().cpu().numpy().tobytes() for p in model.parameters())).hexdigest(),
+        "weights_sha256": hashlib.sha256(
+            b"".join(p.detach().cpu().numpy().tobytes() for p in model.parameters())).hexdigest(),
         "bound_device": _bound_device(),
         "pid": os.getpid(),
     }

@@ -18,11 +18,11 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
+from sockets import established_ipv4_connections, listening_tcp_ports
 from torch.utils.data import DataLoader, Dataset, Sampler
 
-from sockets import established_ipv4_connections, listening_tcp_ports
-from lightning_dist_hooks.process_group import exit_grace
 from lightning_dist_hooks.environments import LAUNCHER_ENVIRONMENTS
+from lightning_dist_hooks.process_group import exit_grace
 
 # --package picks the Lightning package the whole job uses (read before main(): the classes below subclass it).
 PACKAGES = {"pytorch_lightning": ("pytorch_lightning", "lightning_dist_hooks"),
@@ -336,7 +336,8 @@ def main() -> None:
     parser.add_argument("--die-rank", type=int, default=1)
     parser.add_argument("--swallow-errors", action="store_true",
                         help="catch an exception from the trainer and exit normally, as a script that logs it might")
-    parser.add_argument("--training-marker", help="each rank touches MARKER.rank<R> when its first training step starts")
+    parser.add_argument("--training-marker",
+                        help="each rank touches MARKER.rank<R> when its first training step starts")
     parser.add_argument("--step-seconds", type=float, default=0.0, help="sleep this long in every training step")
     parser.add_argument("--cluster-environment", choices=sorted(ENVIRONMENTS),
                         help="pass this environment in plugins=[...] instead of letting the Trainer detect one")
@@ -345,9 +346,10 @@ def main() -> None:
 
     pl.seed_everything(7)
     plugins = [ENVIRONMENTS[args.cluster_environment]()] if args.cluster_environment else None
-    common = dict(plugins=plugins, accelerator=args.accelerator, devices=args.devices, num_nodes=args.num_nodes, strategy=build_strategy(args),
-                  max_epochs=args.epochs, logger=False, enable_checkpointing=False, enable_progress_bar=False,
-                  enable_model_summary=False, num_sanity_val_steps=1)
+    common = {"plugins": plugins, "accelerator": args.accelerator, "devices": args.devices,
+              "num_nodes": args.num_nodes, "strategy": build_strategy(args), "max_epochs": args.epochs, "logger": False,
+              "enable_checkpointing": False, "enable_progress_bar": False, "enable_model_summary": False,
+              "num_sanity_val_steps": 1}
     if args.trainer == "pl":
         trainer = pl.Trainer(**common)
     else:

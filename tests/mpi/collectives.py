@@ -16,10 +16,9 @@ from collections.abc import Callable
 import torch
 import torch.distributed as dist
 import torch.distributed._functional_collectives as funcol
-from torch.distributed import ReduceOp
-
 from _setup import RankReport, init_from_mpi_launch, mpi
 from gloo_parity import compare_with_gloo
+from torch.distributed import ReduceOp
 
 FLOAT_DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
 INT_DTYPES = (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8)

@@ -15,9 +15,8 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-from torch.nn.parallel import DistributedDataParallel
-
 from _setup import init_from_mpi_launch
+from torch.nn.parallel import DistributedDataParallel
 
 STEPS = 6
 PAUSE_AFTER_STEP = 2

@@ -10,11 +10,10 @@ from __future__ import annotations
 
 import torch
 import torch.distributed as dist
+from _setup import RankReport, init_from_mpi_launch, mpi
 from torch.distributed import ReduceOp
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import FullyShardedDataParallel, fully_shard
-
-from _setup import RankReport, init_from_mpi_launch, mpi
 
 ELEMENTS = 4096
 FLOAT_OPS = (ReduceOp.SUM, ReduceOp.PRODUCT, ReduceOp.MIN, ReduceOp.MAX, ReduceOp.AVG)

@@ -13,7 +13,6 @@ import time
 
 import torch
 import torch.distributed as dist
-
 from _setup import init_from_mpi_launch
 
 

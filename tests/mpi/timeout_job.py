@@ -15,7 +15,6 @@ import time
 
 import torch
 import torch.distributed as dist
-
 from _setup import init_from_mpi_launch
 
 SKIPPING_RANK_SLEEP_S = 120.0
