@@ -10,8 +10,9 @@ Besides the init methods, two stores are passed to ``init_process_group(store=..
 ``FileStore`` (what ``file://`` creates inside torch) and ``dir://``'s ``DirectoryStore`` (issue 21; loaded alone,
 without Lightning), whose ranks also report how many filesystem operations they made.
 
-The MPI backend (``lightning_dist_hooks.mpi``, ``mpi://``) is not measured here: its ranks must be started by
-``mpirun``, which cannot adopt forked processes. ``--with-mpi`` runs its own benchmark (``mpi_allreduce.py``).
+``mpi://`` is not measured here: its ranks must be started by ``mpirun``, which cannot adopt forked processes.
+``benchmarks/mpi_store.py`` measures it against the others under ``mpirun``; ``--with-mpi`` runs the MPI transport's
+own benchmark (``mpi_allreduce.py``).
 
 ``python -m benchmarks.bootstrap`` (see :func:`main`) measures the same up to hundreds of ranks: each store with
 gloo connecting every pair at start-up and with ``TORCH_GLOO_LAZY_INIT=1``, the operations per rank, and memory.

@@ -53,6 +53,18 @@ def _scale_summary(source: Path, page: Path) -> str:
     return scale_report.summary(json.loads(source.read_text()))
 
 
+def _mpi_store_report(source: Path, page: Path) -> str:
+    from benchmarks import mpi_store
+
+    return mpi_store.markdown(json.loads(source.read_text()))
+
+
+def _mpi_store_summary(source: Path, page: Path) -> str:
+    from benchmarks import mpi_store
+
+    return mpi_store.summary(json.loads(source.read_text()))
+
+
 def _verbatim(source: Path, page: Path) -> str:
     return f"```\n{source.read_text().rstrip()}\n```\n"
 
@@ -62,6 +74,8 @@ RENDERERS: dict[str, Callable[[Path, Path], str]] = {".json": _results_report, "
 NAMED_RENDERERS: dict[str, Callable[[Path, Path], str]] = {
     "rendezvous_scale.json": _scale_report,
     "rendezvous_scale.json#summary": _scale_summary,
+    "mpi_store.json": _mpi_store_report,
+    "mpi_store.json#summary": _mpi_store_summary,
 }
 
 

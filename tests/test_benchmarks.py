@@ -7,8 +7,7 @@ import subprocess
 import sys
 
 import pytest
-
-from helpers import REPO, job_environment
+from helpers import REPO, job_environment, needs_mpi
 
 EXPECTED_VARIANTS = {"raw_ddp", "pytorch_lightning", "ours_default", "ours_file", "ours_hooks"}
 
@@ -53,6 +52,29 @@ def test_the_scale_benchmark_writes_json_and_a_plot(tmp_path):
     operations = results["methods"]["dir://"]["4"]["operations"][0]
     assert 0 < operations["median"] <= operations["max"]
     assert out.with_suffix(".png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.slow
+@pytest.mark.mpi
+@needs_mpi
+def test_the_mpi_store_benchmark_runs_at_two_ranks_and_renders(tmp_path):
+    from benchmarks import mpi_store
+
+    out = tmp_path / "mpi_store.json"
+    command = [sys.executable, "-m", "benchmarks.mpi_store", "--world-sizes", "2", "--repetitions", "1",
+               "--op-world-sizes", "2", "--ops", "3", "--op-rounds", "1", "--out", str(out)]
+    completed = subprocess.run(command, cwd=REPO, env=job_environment(), capture_output=True, text=True, timeout=300,
+                               stdin=subprocess.DEVNULL)
+    assert completed.returncode == 0, completed.stdout[-4000:] + completed.stderr[-4000:]
+    results = json.loads(out.read_text())
+    row = results["summary"]["first_barrier"]["2"]
+    assert all(row[method]["max_s"] > 0 for method in mpi_store.METHODS)
+    assert row["mpi://"]["rendezvous_max_s"] > 0 and set(row["mpi_over"]) == {"env://", "file://", "dir://"}
+    operations = results["summary"]["operations"]["2"]["us"]
+    assert set(operations) == {"MpiStore", "TCPStore", "FileStore", "DirectoryStore"}
+    assert all(stats["median"] > 0 and stats["n"] == 2 * 3 for by_op in operations.values() for stats in by_op.values())
+    assert "| 2 | set |" in mpi_store.markdown(results) and "| 2 |" in mpi_store.summary(results)
+    assert out.with_suffix(".txt").read_text().startswith("python -m benchmarks.mpi_store")
 
 
 @pytest.mark.unit
