@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ipaddress
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -169,32 +170,28 @@ def _holds(pid: int, inode: str) -> bool | None:
 
 def _socket_owner(inode: str, pid: int | str) -> int | None:
     """The uid socket ``inode`` belongs to (its creator's), as the TCP tables of ``pid``'s network namespace say."""
-    for table in ("tcp", "tcp6"):
-        try:
-            lines = Path(f"/proc/{pid}/net/{table}").read_text().splitlines()[1:]
-        except FileNotFoundError:  # no IPv6 in this kernel
-            continue
-        for line in lines:
-            fields = line.split()
-            if fields[9] == inode:
-                return int(fields[7])
-    return None
+    return next((int(fields[7]) for fields in _tcp_table_rows(pid) if fields[9] == inode), None)
 
 
 def _listening_in_namespace_of(pid: int | str) -> list[ListeningSocket]:
     found = []
+    for fields in _tcp_table_rows(pid):
+        local_address, state, inode = fields[1], fields[3], fields[9]
+        if state == _TCP_LISTEN:
+            address, port = local_address.rsplit(":", 1)
+            found.append(ListeningSocket(_decode_address(address), int(port, 16), inode))
+    return found
+
+
+def _tcp_table_rows(pid: int | str) -> Iterator[list[str]]:
+    """The fields of every row of the IPv4 and IPv6 TCP tables of ``pid``'s network namespace (``/proc/PID/net``)."""
     for table in ("tcp", "tcp6"):
         try:
             lines = Path(f"/proc/{pid}/net/{table}").read_text().splitlines()[1:]
         except FileNotFoundError:  # no IPv6 in this kernel
             continue
         for line in lines:
-            fields = line.split()
-            local_address, state, inode = fields[1], fields[3], fields[9]
-            if state == _TCP_LISTEN:
-                address, port = local_address.rsplit(":", 1)
-                found.append(ListeningSocket(_decode_address(address), int(port, 16), inode))
-    return found
+            yield line.split()
 
 
 def _decode_address(hex_address: str) -> str:
