@@ -32,7 +32,7 @@ from lightning_dist_hooks.hooks import (
     default_setup_distributed_backend,
     lightning_default_sampler,
 )
-from lightning_dist_hooks.init_methods import InitMethod, Rendezvous, register_init_method
+from lightning_dist_hooks.init_methods import InitMethod, Rendezvous, RendezvousDiagnostics, register_init_method
 from lightning_dist_hooks.init_methods._shared_filesystem.launches import launch_identity
 from lightning_dist_hooks.launcher_variables import LauncherVariables
 from lightning_dist_hooks.process_group.create import DistributedSetupError
@@ -71,6 +71,7 @@ __all__ = [
     "OpenMPIEnvironment",
     "PALSEnvironment",
     "Rendezvous",
+    "RendezvousDiagnostics",
     "SamplerHookError",
     "Trainer",
     "default_setup_distributed_backend",

@@ -8,11 +8,12 @@ from typing import Any, Callable, Optional  # noqa: UP035 - see above
 
 from lightning_dist_hooks import _lightning_internals
 from lightning_dist_hooks._lightning_internals import check_same_package
-from lightning_dist_hooks.config import ProcessGroupConfig
+from lightning_dist_hooks.bootstrap_plan import BootstrapPlan, Flags, devices_left_at_auto
+from lightning_dist_hooks.environments import with_detected_cluster_environment
 from lightning_dist_hooks.hooks import check_setup_callable
 from lightning_dist_hooks.signatures import keyword_parameter, with_documented_arguments, with_keyword_parameters
+from lightning_dist_hooks.strategy import hook_strategy
 from lightning_dist_hooks.trainer import FLAG_DOCS, FLAG_PARAMETERS
-from lightning_dist_hooks.wiring import apply_flags, devices_left_at_auto, with_detected_cluster_environment
 
 SetupDistributedBackend = Callable[..., None]  # (backend, init_method, rank, world_size, timeout[, device_id])
 
@@ -68,7 +69,7 @@ class DistributedHooksFabricMixin:
         setup_distributed_backend: SetupDistributedBackend | None = None,
         **kwargs: Any,
     ) -> None:
-        config = ProcessGroupConfig.validated(torch_dist_backend, torch_dist_init_method)
+        flags = Flags.checked(torch_dist_backend, torch_dist_init_method)
         if setup_distributed_backend is not None and not callable(setup_distributed_backend):
             raise TypeError(
                 f"setup_distributed_backend={setup_distributed_backend!r} is not callable. Pass a function "
@@ -85,20 +86,28 @@ class DistributedHooksFabricMixin:
         check_same_package(self, kwargs)
         super().__init__(*args, **with_detected_cluster_environment(kwargs, flavour))
         strategy = self.strategy  # type: ignore[attr-defined]  # the Fabric's, which the mixin precedes
-        self._process_group_config = apply_flags(
-            self, strategy, config, flavour, setup_distributed_backend, devices_by_default=devices_left_at_auto(kwargs)
+        plan = BootstrapPlan.for_strategy(
+            flags,
+            strategy,
+            flavour,
+            owner=type(self).__name__,
+            setup_distributed_backend=setup_distributed_backend,
+            devices_left_at_auto=devices_left_at_auto(kwargs),
         )
+        if plan.creates_process_group:
+            hook_strategy(strategy, plan)
+        self._bootstrap_plan = plan
 
     @property
     def torch_dist_backend(self) -> str | None:
         """The validated ``torch_dist_backend`` (lower-cased), or None for Lightning's choice."""
-        return self._process_group_config.backend
+        return self._bootstrap_plan.backend
 
     @property
     def torch_dist_init_method(self) -> str | None:
         """The validated ``torch_dist_init_method`` where the ranks really meet, or None: ``file:///DIR/`` resolved
         to this launch's file, and a file inside this user's private directory ``DIR/ldh-uid-<UID>/``."""
-        return self._process_group_config.location
+        return self._bootstrap_plan.location
 
 
 def _init_with_full_signature(cls: type) -> Callable[..., None]:

@@ -8,7 +8,8 @@ from typing import Any, Optional
 
 from lightning_dist_hooks import _lightning_internals
 from lightning_dist_hooks._lightning_internals import Flavour, check_same_package
-from lightning_dist_hooks.config import ProcessGroupConfig
+from lightning_dist_hooks.bootstrap_plan import BootstrapPlan, Flags, creates_process_group, devices_left_at_auto
+from lightning_dist_hooks.environments import with_detected_cluster_environment
 from lightning_dist_hooks.hooks import check_hooks
 from lightning_dist_hooks.sampling import install_sampler_hook
 from lightning_dist_hooks.signatures import (
@@ -17,8 +18,7 @@ from lightning_dist_hooks.signatures import (
     with_documented_arguments,
     with_keyword_parameters,
 )
-from lightning_dist_hooks.strategy import creates_process_group
-from lightning_dist_hooks.wiring import apply_flags, devices_left_at_auto, with_detected_cluster_environment
+from lightning_dist_hooks.strategy import hook_strategy
 
 # Our parameters, as they appear in the Trainer's signature, ``--help`` and ``LightningCLI``.
 FLAG_DOCS = {
@@ -66,7 +66,7 @@ class DistributedHooksTrainerMixin:
     ``fit``, ``validate``, ``test`` and ``predict`` with the parent's signatures and docstrings.
     """
 
-    _process_group_config: ProcessGroupConfig  # set by _initialize
+    _bootstrap_plan: BootstrapPlan  # set by _initialize
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -92,13 +92,13 @@ class DistributedHooksTrainerMixin:
     @property
     def torch_dist_backend(self) -> str | None:
         """The validated ``torch_dist_backend`` (lower-cased), or None for Lightning's choice."""
-        return self._process_group_config.backend
+        return self._bootstrap_plan.backend
 
     @property
     def torch_dist_init_method(self) -> str | None:
         """The validated ``torch_dist_init_method`` where the ranks really meet, or None: ``file:///DIR/`` resolved
         to this launch's file, and a file inside this user's private directory ``DIR/ldh-uid-<UID>/``."""
-        return self._process_group_config.location
+        return self._bootstrap_plan.location
 
     def fit(self, model: Any, *args: Any, **kwargs: Any) -> Any:
         check_same_package(self, {"model": model, **kwargs})
@@ -151,13 +151,20 @@ def _initialize(
     torch_dist_backend: str | None,
     torch_dist_init_method: str | None,
 ) -> None:
-    config = ProcessGroupConfig.validated(torch_dist_backend, torch_dist_init_method)
+    flags = Flags.checked(torch_dist_backend, torch_dist_init_method)
     flavour = trainer_flavour(type(trainer))
     check_same_package(trainer, kwargs)
     lightning_init(*args, **with_detected_cluster_environment(kwargs, flavour))
-    trainer._process_group_config = apply_flags(
-        trainer, trainer.strategy, config, flavour, devices_by_default=devices_left_at_auto(kwargs)
+    plan = BootstrapPlan.for_strategy(
+        flags,
+        trainer.strategy,
+        flavour,
+        owner=type(trainer).__name__,
+        devices_left_at_auto=devices_left_at_auto(kwargs),
     )
+    if plan.creates_process_group:
+        hook_strategy(trainer.strategy, plan)
+    trainer._bootstrap_plan = plan
     install_sampler_hook(trainer)
 
 

@@ -11,8 +11,8 @@ import pytest
 from helpers import both_packages
 
 from lightning_dist_hooks import DistributedHooksTrainerMixin, _lightning_internals
-from lightning_dist_hooks.config import ProcessGroupConfig
-from lightning_dist_hooks.strategy import attach_process_group_config
+from lightning_dist_hooks.bootstrap_plan import BootstrapPlan, Flags
+from lightning_dist_hooks.strategy import hook_strategy
 
 # Part of the fast subset .ci/compat runs at the ends of the supported version ranges.
 pytestmark = pytest.mark.compat
@@ -163,7 +163,7 @@ def test_fsdp_strategy_takes_the_hooks(package):
     # Lightning 2.6 runs FSDP on CUDA only; the hooks attach to the instance the same way as for DDP.
     FSDPStrategy = package.pl.strategies.FSDPStrategy
     strategy = FSDPStrategy()
-    attach_process_group_config(strategy, ProcessGroupConfig(backend="gloo"), uses_cuda=False)
+    hook_strategy(strategy, BootstrapPlan(Flags(backend="gloo"), creates_process_group=True))
     copy = pickle.loads(pickle.dumps(strategy))
     assert isinstance(copy, FSDPStrategy) and type(copy).setup_environment is not FSDPStrategy.setup_environment
     assert copy.process_group_backend == "gloo"

@@ -18,10 +18,10 @@ import torch.distributed as dist
 from helpers import FIT_JOB, PYTORCH_LIGHTNING, REPO, JobResult, both_packages, needs_mpi, openmpi_run, run_command
 
 from lightning_dist_hooks import _lightning_internals
-from lightning_dist_hooks.config import ProcessGroupConfig
+from lightning_dist_hooks.bootstrap_plan import BootstrapPlan, Flags
 from lightning_dist_hooks.hooks import default_setup_distributed_backend
 from lightning_dist_hooks.process_group.create import create_process_group
-from lightning_dist_hooks.strategy import attach_process_group_config
+from lightning_dist_hooks.strategy import hook_strategy
 
 # Part of the fast subset .ci/compat runs at the ends of the supported version ranges.
 pytestmark = pytest.mark.compat
@@ -77,10 +77,11 @@ def _create_ours(package, side: str, backend: str, device: torch.device, rendezv
                  hook=default_setup_distributed_backend) -> None:
     """Our path's group for the same rank: the strategy hooked by the flags, then the group created and destroyed."""
     strategy = _strategy(package, side, None, device)
-    config = ProcessGroupConfig.validated(backend, f"file://{rendezvous}")
-    attach_process_group_config(strategy, config, uses_cuda=device.type == "cuda")
+    flags = Flags.checked(backend, f"file://{rendezvous}")
+    plan = BootstrapPlan.for_strategy(flags, strategy, _lightning_internals.flavour_of(strategy), owner=side)
+    hook_strategy(strategy, plan)
     _lightning_internals.set_world_ranks(strategy)
-    create_process_group(strategy, config, hook)
+    create_process_group(strategy, plan, hook)
     dist.destroy_process_group()
 
 

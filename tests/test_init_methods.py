@@ -16,7 +16,7 @@ from helpers import job_environment
 from lightning_fabric.plugins.environments import LightningEnvironment, SLURMEnvironment, TorchElasticEnvironment
 
 from lightning_dist_hooks import Trainer
-from lightning_dist_hooks.config import ProcessGroupConfig
+from lightning_dist_hooks.bootstrap_plan import Flags
 from lightning_dist_hooks.environments import FluxEnvironment, OpenMPIEnvironment, PALSEnvironment
 from lightning_dist_hooks.init_methods import (
     AddresslessInitMethod,
@@ -61,10 +61,11 @@ def test_a_handler_without_a_scheme_is_refused(registry):
 @pytest.mark.unit
 def test_every_step_has_a_default(registry):
     register_init_method(_Named())
-    config = ProcessGroupConfig.validated("gloo", "named://anything").resolved(LightningEnvironment(), num_nodes=1)
-    assert config.init_method == "named://anything"
-    handler = init_method_handler(config.init_method)
-    rendezvous = handler.prepare(config.init_method, LightningEnvironment())
+    flags = Flags.checked("gloo", "named://anything")
+    init_method = flags.init_method.resolved_for(LightningEnvironment(), num_nodes=1)
+    assert init_method.resolved == "named://anything"
+    handler = init_method_handler(init_method.resolved)
+    rendezvous = handler.prepare(init_method.resolved, LightningEnvironment())
     assert rendezvous == Rendezvous("named://anything")
     missing = handler.missing_ranks(rendezvous, 2, TimeoutError())
     assert missing == "which ranks are missing cannot be known from this rank"
@@ -85,11 +86,11 @@ def test_a_registered_scheme_decides_its_backends_and_is_a_backends_default(regi
             return "solo://" if backend == "gloo" else None
 
     register_init_method(Solo())
-    assert ProcessGroupConfig.validated("gloo", None).init_method == "solo://"
+    assert Flags.checked("gloo", None).init_method.given == "solo://"
     with pytest.raises(ValueError, match=r"solo:// needs gloo, not None"):
-        ProcessGroupConfig.validated(None, "solo://")
+        Flags.checked(None, "solo://")
     with pytest.raises(ValueError, match=r"solo:// takes no address; there is one rank."):
-        ProcessGroupConfig.validated("gloo", "solo://host")
+        Flags.checked("gloo", "solo://host")
 
 
 # A scheme written only against the public API that does everything file:// does: names one file per launch in

@@ -40,7 +40,13 @@ from lightning_dist_hooks.doctor.gathered import gathered_verdicts
 from lightning_dist_hooks.doctor.measure import measure_allreduce
 from lightning_dist_hooks.doctor.sockets import opened_by
 from lightning_dist_hooks.doctor.tokens import Token
-from lightning_dist_hooks.init_methods import LIGHTNING_DEFAULT, InitMethod, init_method_handler
+from lightning_dist_hooks.init_methods import (
+    LIGHTNING_DEFAULT,
+    InitMethod,
+    RendezvousDiagnostics,
+    diagnostics_of,
+    init_method_handler,
+)
 from lightning_dist_hooks.listening_sockets import listening_sockets
 from lightning_dist_hooks.process_group import progress, rendezvous_deadline
 
@@ -116,16 +122,17 @@ class Checkup:
             self.devices, self.num_nodes = self.layout.tasks_per_node[0], self.layout.nodes
         self.add(checks.check_mpi4py(self.args.backend, mpi.is_available(), mpi.INSTALL_HINT))
         handler = _handler_of(self.args.init_method)
-        directory = None if handler is None else handler.shared_directory(self.args.init_method)
-        if handler is not None and directory is not None and directory.is_dir():
+        rendezvous = None if handler is None else diagnostics_of(handler)
+        directory = None if rendezvous is None else rendezvous.shared_directory(self.args.init_method)
+        if handler is not None and rendezvous is not None and directory is not None and directory.is_dir():
             self.add(checks.check_directory_privacy(directory))
-            self.add(checks.check_file_locking(directory, handler.scheme, handler.needs_file_locks))
+            self.add(checks.check_file_locking(directory, handler.scheme, rendezvous.needs_file_locks))
 
     # 2. Around the rendezvous -------------------------------------------------------------------------------------
 
     def check_before_rendezvous(self, trainer: Any, backend: str, init_method: str, rank: int, world_size: int) -> None:
-        handler = init_method_handler(init_method)
-        file = handler.meeting_path(init_method)
+        rendezvous = diagnostics_of(init_method_handler(init_method))
+        file = rendezvous.meeting_path(init_method)
         self.facts = rank_facts(
             rank=rank,
             world_size=world_size,
@@ -144,16 +151,16 @@ class Checkup:
             self.add(checks.check_file_privacy(file))
             self.token = Token(file, rank)
         if rank == 0:
-            self._check_main_address(handler, init_method)
+            self._check_main_address(rendezvous, init_method)
         self.sockets_before = {each.inode for each in listening_sockets()}
 
-    def _check_main_address(self, handler: InitMethod, init_method: str) -> None:
+    def _check_main_address(self, rendezvous: RendezvousDiagnostics, init_method: str) -> None:
         """Rank 0's port and address, which every other rank is about to connect to."""
-        main = handler.main_address(init_method)
+        main = rendezvous.main_address(init_method)
         if main is None:
             return
         address, port = main
-        if handler.rank_zero_listens(init_method):
+        if rendezvous.rank_zero_listens(init_method):
             self.add(checks.check_main_port(port))
         local = set(self.facts["host_addresses"]) | set(self.facts["interfaces"].values())
         self.add(checks.check_main_address(address, host_addresses(address), local, self.spans_nodes))
@@ -198,7 +205,7 @@ class Checkup:
 
     def _listening_after_rendezvous(self) -> list[dict[str, str]]:
         """This rank's listening sockets now, each with what opened it."""
-        store = init_method_handler(self.facts["init_method"]).main_address(self.facts["init_method"])
+        store = diagnostics_of(init_method_handler(self.facts["init_method"])).main_address(self.facts["init_method"])
         store_port = store[1] if store and self.facts["rank"] == 0 else None
         return [
             {

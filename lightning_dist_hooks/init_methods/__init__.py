@@ -1,7 +1,8 @@
 """``torch_dist_init_method`` values: one handler per URL scheme, looked up in a registry.
 
 A handler (:class:`InitMethod`) is called once in ``Trainer(...)`` to validate and resolve the URL, and once per
-rank to prepare the rendezvous and, at exit, to finish it. Like ``torch.distributed.rendezvous``, new schemes
+rank to prepare the rendezvous and, at exit, to finish it; the doctor's questions are a separate, optional contract
+(:class:`RendezvousDiagnostics`). Like ``torch.distributed.rendezvous``, new schemes
 plug in with :func:`register_init_method`; the built-in ``env://``, ``tcp://``, ``file://``, ``dir://`` and
 ``mpi://`` use nothing a registered handler could not.
 """
@@ -11,8 +12,11 @@ from lightning_dist_hooks.init_methods._base import (
     AddresslessInitMethod,
     InitMethod,
     Rendezvous,
+    RendezvousDiagnostics,
     default_init_method_for,
+    diagnostics_of,
     init_method_handler,
+    prepare_rendezvous,
     register_init_method,
     resolve_init_method,
     validate_init_method,
@@ -40,10 +44,13 @@ __all__ = [
     "InitMethod",
     "MpiInitMethod",
     "Rendezvous",
+    "RendezvousDiagnostics",
     "TCPStoreInitMethod",
     "TcpInitMethod",
     "default_init_method_for",
+    "diagnostics_of",
     "init_method_handler",
+    "prepare_rendezvous",
     "register_init_method",
     "rendezvous_file_for_job",
     "resolve_init_method",

@@ -7,6 +7,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 from urllib.parse import SplitResult, urlsplit
 
+from typing_extensions import override  # a dependency of torch and of Lightning
+
+from lightning_dist_hooks.torch_rendezvous import RendezvousHandler, register_once
+
 if TYPE_CHECKING:  # either Lightning package's; this module imports neither
     from lightning_dist_hooks._lightning_internals import ClusterEnvironment
 
@@ -27,20 +31,21 @@ class Rendezvous:
 
 
 class InitMethod:
-    """A scheme handler. Subclasses set ``scheme`` and override the steps they need; every step has a default.
+    """A scheme handler: the life of one rendezvous. Subclasses set ``scheme`` and override the steps they need; every
+    step has a default.
 
     The steps, in the order they run:
 
     * :meth:`validate` in ``Trainer(...)``, before any process starts: syntax and local checks;
     * :meth:`check_backend` right after, with the validated ``torch_dist_backend``;
     * :meth:`resolve` in ``Trainer(...)`` once the cluster environment is known: the URL every rank will use;
-    * :meth:`prepare` on each rank, just before the process group is created;
+    * :meth:`prepare` on each rank, just before the process group is created (first, where the scheme is new to
+      torch, :meth:`torch_rendezvous_handler` is registered with torch, once per process);
     * :meth:`waiting_for` while it waits, and :meth:`missing_ranks` when it timed out, for the messages;
     * :meth:`finish` on each rank at exit, after the process group is destroyed.
 
-    Besides, the Trainer, the doctor and the progress lines ask every scheme the same questions, never the URL:
-    :attr:`needs_mpi_launch`, :attr:`needs_file_locks`, :meth:`shared_directory`, :meth:`meeting_path` and
-    :meth:`main_address`; the defaults fit a scheme that meets through something no check can see.
+    The doctor's questions about where a rendezvous meets are a separate, optional contract:
+    :class:`RendezvousDiagnostics`.
 
     Example, a scheme that reads the address of rank 0 from a file written by the job script::
 
@@ -57,27 +62,6 @@ class InitMethod:
     scheme: str = ""
     # Every rank must be started by an MPI launcher (Trainer(...) checks the launcher's variables).
     needs_mpi_launch: bool = False
-    # The rendezvous takes file locks in its directory (the doctor checks that flock works there).
-    needs_file_locks: bool = False
-
-    def shared_directory(self, url: str) -> Path | None:
-        """The directory named by ``url`` that every node must share (the doctor checks who controls it), or None."""
-        return None
-
-    def meeting_path(self, url: str) -> Path | None:
-        """The file or directory the ranks of a resolved ``url`` meet through, as named (the doctor checks it is
-        private and the same on every node), or None."""
-        return None
-
-    def main_address(self, url: str) -> tuple[str, int] | None:
-        """Where rank 0 listens for the rendezvous of ``url`` (host, port; read on a rank after :meth:`prepare`), or
-        None when nobody listens."""
-        return None
-
-    def rank_zero_listens(self, url: str) -> bool:
-        """Whether rank 0's own process opens the listener at :meth:`main_address` (the doctor checks the port is
-        free first); False where a launcher's process holds it and every rank joins as a client."""
-        return self.main_address(url) is not None
 
     def validate(self, url: str, parts: SplitResult) -> str:
         """Return the URL to keep, or raise ``ValueError`` naming ``url`` and the fix. Default: keep ``url``."""
@@ -99,6 +83,12 @@ class InitMethod:
         ``file://`` does into this user's private directory. ``trainer.torch_dist_init_method`` reports it."""
         return url
 
+    def torch_rendezvous_handler(self) -> RendezvousHandler | None:
+        """The handler torch's ``init_process_group`` needs for the URLs :meth:`prepare` returns, when their scheme is
+        not one torch knows (``env``, ``tcp``, ``file``); see ``torch.distributed.register_rendezvous_handler``.
+        Registered with torch once per process, before the first rendezvous of this scheme is prepared."""
+        return None
+
     def prepare(self, url: str, cluster_environment: ClusterEnvironment) -> Rendezvous:
         """Get this rank ready to meet the others through ``url``. If it raises, it leaves nothing behind."""
         return Rendezvous(url)
@@ -115,6 +105,59 @@ class InitMethod:
         """Undo what :meth:`prepare` set up; runs at exit, after the process group is destroyed."""
 
 
+class RendezvousDiagnostics:
+    """The doctor's questions about where the ranks of a scheme meet (``python -m lightning_dist_hooks.doctor``).
+
+    Optional: a scheme handler that also subclasses this class answers them; the defaults fit a scheme that meets
+    through something no check can see. A handler that defines some of these members without subclassing is asked
+    those (:func:`diagnostics_of`)::
+
+        class ScratchInitMethod(InitMethod, RendezvousDiagnostics):
+            scheme = "scratch"
+            needs_file_locks = True  # meets through torch's FileStore
+
+            def shared_directory(self, url):
+                return Path(urlsplit(url).path)
+    """
+
+    # The rendezvous takes file locks in its directory (the doctor checks that flock works there).
+    needs_file_locks: bool = False
+
+    def shared_directory(self, url: str) -> Path | None:
+        """The directory named by ``url`` that every node must share (the doctor checks who controls it), or None."""
+        return None
+
+    def meeting_path(self, url: str) -> Path | None:
+        """The file or directory the ranks of a resolved ``url`` meet through, as named (the doctor checks it is
+        private and the same on every node), or None."""
+        return None
+
+    def main_address(self, url: str) -> tuple[str, int] | None:
+        """Where rank 0 listens for the rendezvous of ``url`` (host, port; read on a rank after ``prepare``), or
+        None when nobody listens."""
+        return None
+
+    def rank_zero_listens(self, url: str) -> bool:
+        """Whether rank 0's own process opens the listener at :meth:`main_address` (the doctor checks the port is
+        free first); False where a launcher's process holds it and every rank joins as a client."""
+        return self.main_address(url) is not None
+
+
+_DIAGNOSTIC_MEMBERS = ("needs_file_locks", "shared_directory", "meeting_path", "main_address", "rank_zero_listens")
+
+
+def diagnostics_of(handler: InitMethod) -> RendezvousDiagnostics:
+    """The doctor's view of ``handler``: itself where it subclasses :class:`RendezvousDiagnostics`; otherwise the
+    members of it the handler defines, the defaults for the rest."""
+    if isinstance(handler, RendezvousDiagnostics):
+        return handler
+    answers = RendezvousDiagnostics()
+    for name in _DIAGNOSTIC_MEMBERS:
+        if hasattr(handler, name):
+            setattr(answers, name, getattr(handler, name))
+    return answers
+
+
 class AddresslessInitMethod(InitMethod):
     """A scheme whose whole URL is ``SCHEME://``: where the ranks meet is known from elsewhere."""
 
@@ -122,6 +165,7 @@ class AddresslessInitMethod(InitMethod):
     # comes from instead, and what to write.
     address_source: str = ""
 
+    @override
     def validate(self, url: str, parts: SplitResult) -> str:
         if parts.netloc or parts.path not in ("", "/"):
             raise ValueError(
@@ -192,6 +236,14 @@ def default_init_method_for(backend: str | None) -> str | None:
             "torch_dist_init_method=... to choose, or register only one of those schemes."
         )
     return next(iter(offers), None)
+
+
+def prepare_rendezvous(handler: InitMethod, url: str, cluster_environment: ClusterEnvironment) -> Rendezvous:
+    """``handler.prepare(url, ...)`` on this rank, with the scheme's torch rendezvous handler registered first."""
+    torch_handler = handler.torch_rendezvous_handler()
+    if torch_handler is not None:
+        register_once(handler.scheme, torch_handler, "Use another init method, or do not import that package.")
+    return handler.prepare(url, cluster_environment)
 
 
 def resolve_init_method(url: str, cluster_environment: ClusterEnvironment, num_nodes: int) -> str:

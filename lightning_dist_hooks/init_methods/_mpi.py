@@ -5,14 +5,13 @@ backend."""
 from __future__ import annotations
 
 import re
-from typing import TYPE_CHECKING
+
+from typing_extensions import override  # a dependency of torch and of Lightning
 
 from lightning_dist_hooks import mpi
 from lightning_dist_hooks.backends import MPI_BACKENDS
 from lightning_dist_hooks.init_methods._base import AddresslessInitMethod, Rendezvous
-
-if TYPE_CHECKING:  # either Lightning package's; this module imports neither
-    from lightning_dist_hooks._lightning_internals import ClusterEnvironment
+from lightning_dist_hooks.torch_rendezvous import RendezvousHandler
 
 
 class MpiInitMethod(AddresslessInitMethod):
@@ -22,6 +21,7 @@ class MpiInitMethod(AddresslessInitMethod):
     needs_mpi_launch = True
     address_source = "rank and world size come from the MPI launcher (mpirun, srun --mpi=pmix, ...). Use 'mpi://'."
 
+    @override
     def check_backend(self, url: str, backend: str | None) -> None:
         if not mpi.is_available():
             raise ValueError(
@@ -30,14 +30,16 @@ class MpiInitMethod(AddresslessInitMethod):
                 "'dir:///shared/rdzv/' (a shared directory, no listening socket)."
             )
 
+    @override
     def default_for_backend(self, backend: str | None) -> str | None:
         # MPI already knows every rank: meeting through a TCP store would only add a listener.
         return "mpi://" if backend in MPI_BACKENDS else None
 
-    def prepare(self, url: str, cluster_environment: ClusterEnvironment) -> Rendezvous:
-        mpi.register_rendezvous()  # on every rank: a spawned or forked one has not checked the flag in its process
-        return Rendezvous(url)
+    @override
+    def torch_rendezvous_handler(self) -> RendezvousHandler:
+        return mpi.mpi_rendezvous
 
+    @override
     def missing_ranks(self, rendezvous: Rendezvous, world_size: int, error: Exception) -> str:
         # The store's own timeout names them, as far as the rank that keeps the key can tell.
         named = ranks_never_reached(str(error))

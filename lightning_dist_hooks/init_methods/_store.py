@@ -9,15 +9,19 @@ import socket
 from typing import TYPE_CHECKING
 from urllib.parse import SplitResult, urlsplit
 
-from lightning_dist_hooks.init_methods._base import AddresslessInitMethod, InitMethod, Rendezvous
+from typing_extensions import override  # a dependency of torch and of Lightning
+
+from lightning_dist_hooks.init_methods._base import AddresslessInitMethod, InitMethod, Rendezvous, RendezvousDiagnostics
 
 if TYPE_CHECKING:  # either Lightning package's; this module imports neither
     from lightning_dist_hooks._lightning_internals import ClusterEnvironment
 
 
-class TCPStoreInitMethod(InitMethod):
-    """What the schemes served by a ``TCPStore`` share: how a timeout tells the missing ranks."""
+class TCPStoreInitMethod(InitMethod, RendezvousDiagnostics):
+    """What the schemes served by a ``TCPStore`` share: how a timeout tells the missing ranks, and that rank 0
+    listens (the doctor checks the port)."""
 
+    @override
     def missing_ranks(self, rendezvous: Rendezvous, world_size: int, error: Exception) -> str:
         # Rank 0's TCPStore counts connected clients, its own included, but does not say which ranks they are.
         joined = re.search(r"(\d+)/(\d+) clients joined", str(error))
@@ -38,13 +42,16 @@ class EnvInitMethod(AddresslessInitMethod, TCPStoreInitMethod):
         "Use 'env://', or 'tcp://HOST:PORT' to name one."
     )
 
+    @override
     def main_address(self, url: str) -> tuple[str, int] | None:
         return os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
 
+    @override
     def rank_zero_listens(self, url: str) -> bool:
         # As torch's env:// handler: under torchrun, the agent hosts the store on MASTER_PORT and says so here.
         return os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True"
 
+    @override
     def prepare(self, url: str, cluster_environment: ClusterEnvironment) -> Rendezvous:
         # Exactly what Lightning's own ``_init_dist_connection`` does before ``init_process_group``.
         os.environ["MASTER_ADDR"] = cluster_environment.main_address
@@ -62,10 +69,12 @@ class TcpInitMethod(TCPStoreInitMethod):
 
     scheme = "tcp"
 
+    @override
     def main_address(self, url: str) -> tuple[str, int] | None:
         parts = urlsplit(url)
         return parts.hostname or "", int(parts.port or 0)
 
+    @override
     def validate(self, url: str, parts: SplitResult) -> str:
         host = parts.hostname or ""
         try:
@@ -93,6 +102,7 @@ class TcpInitMethod(TCPStoreInitMethod):
             )
         return url
 
+    @override
     def prepare(self, url: str, cluster_environment: ClusterEnvironment) -> Rendezvous:
         # Under torchrun, TORCHELASTIC_USE_AGENT_STORE=True makes init_process_group take tcp://HOST:PORT for the
         # agent's own store and connect every rank, rank 0 too, as a client: nobody would listen on the port named

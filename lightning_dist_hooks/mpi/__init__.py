@@ -28,10 +28,12 @@ import torch.distributed as dist
 from packaging.specifiers import SpecifierSet
 
 from ..supported_versions import MPI_TRANSPORT_TORCH
+from ..torch_rendezvous import register_once
 from ._abort import note_failure
+from ._group_creation import new_mpi_process_group
 from ._launch import MpiLaunch, detect_mpi_launch, launched_by_mpi
 from ._mpi import INSTALL_HINT, init_mpi, mpi4py_importable
-from ._process_group import BACKEND_NAME, MpiProcessGroup, new_mpi_process_group
+from ._process_group import BACKEND_NAME, MpiProcessGroup
 from ._rendezvous import INIT_METHOD, SCHEME, mpi_rendezvous
 from ._store import MpiStore
 
@@ -57,7 +59,6 @@ __all__ = [
 
 _registration_lock = threading.Lock()
 _registered = False
-_rendezvous_registered = False
 
 
 def register() -> None:
@@ -80,18 +81,7 @@ def register() -> None:
 def register_rendezvous() -> None:
     """Register the ``mpi://`` rendezvous alone with torch (idempotent, MPI untouched): what gloo, NCCL and the other
     backends need to meet through :class:`MpiStore`; unlike the transport, it works on every supported torch."""
-    global _rendezvous_registered
-    with _registration_lock:
-        if _rendezvous_registered:
-            return
-        try:
-            dist.register_rendezvous_handler(SCHEME, mpi_rendezvous)
-        except RuntimeError:  # torch refuses a second handler for a scheme
-            raise RuntimeError(
-                "another package registered a torch.distributed rendezvous handler for mpi://, which "
-                "lightning_dist_hooks' mpi:// needs. Use another init method, or do not import that package."
-            ) from None
-        _rendezvous_registered = True
+    register_once(SCHEME, mpi_rendezvous, "Use another init method, or do not import that package.")
 
 
 def torch_fits_the_transport(torch_version: str | None = None) -> bool:

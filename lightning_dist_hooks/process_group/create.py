@@ -14,9 +14,9 @@ import torch.distributed
 from torch.distributed.constants import default_pg_timeout
 
 from lightning_dist_hooks import _lightning_internals
-from lightning_dist_hooks.config import ProcessGroupConfig
+from lightning_dist_hooks.bootstrap_plan import BootstrapPlan
 from lightning_dist_hooks.hooks import takes_device_id
-from lightning_dist_hooks.init_methods import LIGHTNING_DEFAULT, InitMethod, Rendezvous
+from lightning_dist_hooks.init_methods import InitMethod, Rendezvous, prepare_rendezvous
 from lightning_dist_hooks.process_group.mpi_listeners import warn_if_mpi_listens
 from lightning_dist_hooks.process_group.progress import missing_ranks_query, rendezvous_progress
 from lightning_dist_hooks.process_group.rendezvous_deadline import rendezvous_deadline
@@ -29,24 +29,23 @@ class DistributedSetupError(RuntimeError):
     """``setup_distributed_backend`` failed, or returned without the process group the Trainer needs."""
 
 
-def create_process_group(strategy: Any, config: ProcessGroupConfig, hook: Callable[..., None]) -> None:
-    """Create this rank's default process group through the LightningModule's ``setup_distributed_backend``.
+def create_process_group(strategy: Any, plan: BootstrapPlan, hook: Callable[..., None]) -> None:
+    """Create this rank's default process group as ``plan`` says, through ``hook`` (``setup_distributed_backend``).
 
-    Called on every rank after the strategy knows its ranks and before any collective. The group and the
-    rendezvous file (if any) are finished when the process exits, as Lightning keeps a group for the
-    process's lifetime.
+    Called on every rank after the strategy knows its ranks and before any collective: the rendezvous is prepared,
+    the hook creates the group, the group is checked. The group and the rendezvous file (if any) are finished when
+    the process exits, as Lightning keeps a group for the process's lifetime.
     """
     rank, world_size = strategy.global_rank, strategy.world_size
     device_id = lightning_device_id(strategy)
     backend = _lightning_internals.resolved_process_group_backend(strategy)
     timeout = _lightning_internals.process_group_timeout(strategy) or default_pg_timeout
     assert strategy.cluster_environment is not None
-    url = config.init_method or LIGHTNING_DEFAULT
-    handler = config.handler
+    handler = plan.init_method.handler
     # Where the ranks really meet (file:// and dir:// move the file into this user's private directory): what every
     # line below names, so that a user checking the shared directory looks where the files are.
-    location = handler.location(url)
-    rendezvous = handler.prepare(url, strategy.cluster_environment)
+    location = plan.init_method.location
+    rendezvous = prepare_rendezvous(handler, plan.init_method.resolved, strategy.cluster_environment)
     # Registered before the hook runs, so that a failing hook still leaves no rendezvous file behind.
     Finalize(None, _finish_process_group, args=(handler, rendezvous), exitpriority=_FINISH_PRIORITY)
 

@@ -18,9 +18,9 @@ On disk, for ``dir:///shared/rdzv/run42``, in ``/shared/rdzv/ldh-uid-<UID>/``:
 
 Every rank hands that directory to its janitor too, and removes it, with its keys, at exit.
 
-torch learns of the store through a rendezvous handler for ``dir://`` (registered with
-``torch.distributed.register_rendezvous_handler`` when the first ``dir://`` rendezvous is prepared), which hands
-out the store prepared in this process. So ``setup_distributed_backend`` receives a plain URL, as for every other
+torch learns of the store through a rendezvous handler for ``dir://`` (:meth:`DirInitMethod.torch_rendezvous_handler`,
+registered with torch when the first ``dir://`` rendezvous is prepared), which hands out the store this handler
+prepared in this process. So ``setup_distributed_backend`` receives a plain URL, as for every other
 scheme, and passes it on: ``init_process_group(backend, init_method=init_method, ...)``.
 """
 
@@ -30,13 +30,13 @@ import os
 import re
 import secrets
 import stat
-import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING
 from urllib.parse import parse_qs, urlsplit
 
 import torch.distributed as dist
+from typing_extensions import override  # a dependency of torch and of Lightning
 
 from lightning_dist_hooks.init_methods._base import Rendezvous
 from lightning_dist_hooks.init_methods._shared_filesystem.claims import FileRendezvous, claimed_identity, file_identity
@@ -48,18 +48,13 @@ from lightning_dist_hooks.init_methods._shared_filesystem.private_files import (
     owner_name,
     private_file_problem,
 )
+from lightning_dist_hooks.torch_rendezvous import RendezvousHandler
 
 if TYPE_CHECKING:  # either Lightning package's; this module imports neither
     from lightning_dist_hooks._lightning_internals import ClusterEnvironment
 
 _OPEN_DIRECTORY = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _READ = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC
-
-# The stores prepared in this process, by the path of the URL that ``setup_distributed_backend`` receives: what
-# torch's rendezvous handler hands out. (torch rewrites the URL it is given, dir:///x into dir:/x.)
-_prepared: dict[str, DirectoryStore] = {}
-_registration_lock = threading.Lock()
-_registered = False
 
 
 @dataclass(frozen=True)
@@ -80,6 +75,16 @@ class DirInitMethod(FileInitMethod):
     scheme = "dir"
     needs_file_locks = False  # every key a file of its own, written by rename or link: no flock anywhere
 
+    def __init__(self) -> None:
+        # The stores prepared in this process, by the path of the URL that ``setup_distributed_backend`` receives:
+        # what torch's rendezvous handler hands out. (torch rewrites the URL it is given, dir:///x into dir:/x.)
+        self._prepared: dict[str, DirectoryStore] = {}
+
+    @override
+    def torch_rendezvous_handler(self) -> RendezvousHandler:
+        return self._hand_out_prepared_store
+
+    @override
     def fill_draft(self, rendezvous: FileRendezvous, draft_fd: int) -> None:
         name = f"{rendezvous.file.name}.{secrets.token_hex(8)}.d"
         # umask can only take permissions away: 0700 or stricter, and every rank checks it before use.
@@ -91,10 +96,12 @@ class DirInitMethod(FileInitMethod):
             os.close(descriptor)
         os.write(draft_fd, name.encode())
 
+    @override
     def draft_lost(self, rendezvous: FileRendezvous, draft_fd: int) -> None:
         name = os.pread(draft_fd, 256, 0).decode()
         remove_entry(rendezvous.directory_fd, name)
 
+    @override
     def content_problem(self, rendezvous: FileRendezvous, descriptor: int) -> str | None:
         content = os.pread(descriptor, 256, 0)
         if re.fullmatch(re.escape(rendezvous.file.name.encode()) + rb"\.[0-9a-f]{16}\.d", content) is None:
@@ -104,8 +111,8 @@ class DirInitMethod(FileInitMethod):
             )
         return None
 
+    @override
     def prepare(self, url: str, cluster_environment: ClusterEnvironment) -> DirRendezvous:
-        _register_with_torch()
         rendezvous = super().prepare(url, cluster_environment)
         try:
             store_fd, name = _open_store_directory(url, rendezvous)
@@ -118,14 +125,33 @@ class DirInitMethod(FileInitMethod):
             store_fd=store_fd,
         )
         assert prepared.store is not None
-        _prepared[str(rendezvous.file)] = prepared.store
+        self._prepared[str(rendezvous.file)] = prepared.store
         return prepared
 
+    @override
     def finish(self, rendezvous: Rendezvous) -> None:
         if isinstance(rendezvous, DirRendezvous):
-            _prepared.pop(str(rendezvous.file), None)
+            self._prepared.pop(str(rendezvous.file), None)
             os.close(rendezvous.store_fd)
         super().finish(rendezvous)
+
+    def _hand_out_prepared_store(self, url: str, **kwargs: object) -> Iterator[tuple[dist.Store, int, int]]:
+        """torch's rendezvous handler for ``dir://``: the store this process prepared for ``url``, rank, world size."""
+        del kwargs  # the timeout: torch sets it on the store itself
+        parts = urlsplit(url)
+        query = {name: int(values[0]) for name, values in parse_qs(parts.query).items()}
+        store = self._prepared.get(parts.path)
+        if store is None:
+            raise ValueError(
+                f"Error initializing torch.distributed using {url}: no dir:// rendezvous was prepared for it in this "
+                "process. dir:// URLs are prepared by lightning_dist_hooks' Trainer or Fabric "
+                "(torch_dist_init_method='dir:///shared/rdzv/'), which pass the one to use to "
+                "setup_distributed_backend: pass that init_method on unchanged."
+            )
+        if "rank" not in query or "world_size" not in query:
+            raise ValueError(f"Error initializing torch.distributed using {url}: dir:// needs the rank and world_size.")
+        yield store, query["rank"], query["world_size"]
+        raise RuntimeError("Unable to perform re-rendezvous using dir://")
 
 
 def _open_store_directory(url: str, rendezvous: FileRendezvous) -> tuple[int, str]:
@@ -164,38 +190,3 @@ def _open_store_directory(url: str, rendezvous: FileRendezvous) -> tuple[int, st
     if name not in rendezvous.owned:  # made by a peer: removed by this rank too, at exit or by its janitor
         rendezvous.own(name, store_fd)
     return store_fd, name
-
-
-def _register_with_torch() -> None:
-    """Make ``init_process_group(init_method="dir://...")`` take the store prepared here (once per process)."""
-    global _registered
-    with _registration_lock:
-        if _registered:
-            return
-        try:
-            dist.register_rendezvous_handler("dir", _torch_rendezvous)
-        except RuntimeError:  # torch refuses a second handler for a scheme
-            raise RuntimeError(
-                "another package registered a torch.distributed rendezvous handler for dir://, which "
-                "lightning_dist_hooks' dir:// needs. Use file:// instead, or do not import that package."
-            ) from None
-        _registered = True
-
-
-def _torch_rendezvous(url: str, **kwargs: object) -> Iterator[tuple[dist.Store, int, int]]:
-    """torch's rendezvous handler for ``dir://``: the store this process prepared for ``url``, rank, world size."""
-    del kwargs  # the timeout: torch sets it on the store itself
-    parts = urlsplit(url)
-    query = {name: int(values[0]) for name, values in parse_qs(parts.query).items()}
-    store = _prepared.get(parts.path)
-    if store is None:
-        raise ValueError(
-            f"Error initializing torch.distributed using {url}: no dir:// rendezvous was prepared for it in this "
-            "process. dir:// URLs are prepared by lightning_dist_hooks' Trainer or Fabric "
-            "(torch_dist_init_method='dir:///shared/rdzv/'), which pass the one to use to setup_distributed_backend: "
-            "pass that init_method on unchanged."
-        )
-    if "rank" not in query or "world_size" not in query:
-        raise ValueError(f"Error initializing torch.distributed using {url}: dir:// needs the rank and world_size.")
-    yield store, query["rank"], query["world_size"]
-    raise RuntimeError("Unable to perform re-rendezvous using dir://")

@@ -15,7 +15,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 from urllib.parse import SplitResult, urlsplit
 
-from lightning_dist_hooks.init_methods._base import InitMethod, Rendezvous
+from typing_extensions import override  # a dependency of torch and of Lightning
+
+from lightning_dist_hooks.init_methods._base import InitMethod, Rendezvous, RendezvousDiagnostics
 from lightning_dist_hooks.init_methods._shared_filesystem.claims import (
     FileRendezvous,
     claim,
@@ -47,7 +49,7 @@ _OPEN_EXISTING = os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC
 _PER_LAUNCH_PREFIX = "ldh-rendezvous-"
 
 
-class FileInitMethod(InitMethod):
+class FileInitMethod(InitMethod, RendezvousDiagnostics):
     """``file:///ABSOLUTE/PATH``: ranks meet through a file on a filesystem they all share; nobody listens.
 
     ``file:///DIR/`` (with the trailing slash) means one file per launch inside DIR, named by
@@ -70,13 +72,16 @@ class FileInitMethod(InitMethod):
     scheme = "file"
     needs_file_locks = True  # torch's FileStore flocks its one file; prepare probes that flock works
 
+    @override
     def shared_directory(self, url: str) -> Path | None:
         path = Path(urlsplit(url).path)
         return path if url.endswith("/") else path.parent
 
+    @override
     def meeting_path(self, url: str) -> Path | None:
         return Path(urlsplit(url).path)
 
+    @override
     def validate(self, url: str, parts: SplitResult) -> str:
         path = Path(parts.path)
         if parts.netloc or not path.is_absolute():
@@ -108,6 +113,7 @@ class FileInitMethod(InitMethod):
             )
         return f"{self.scheme}://{path}/" if per_launch else f"{self.scheme}://{path}"
 
+    @override
     def resolve(self, url: str, cluster_environment: ClusterEnvironment, num_nodes: int) -> str:
         if not url.endswith("/"):
             return url
@@ -130,6 +136,7 @@ class FileInitMethod(InitMethod):
             )
         return rendezvous_file_for_job(url, identity)
 
+    @override
     def location(self, url: str) -> str:
         """``file:///DIR/NAME`` is used as ``DIR/ldh-uid-<UID>/NAME``; a per-launch ``file:///DIR/`` not yet named
         stays as it is.
@@ -141,6 +148,7 @@ class FileInitMethod(InitMethod):
             return url
         return f"{self.scheme}://{_private_path(Path(urlsplit(url).path))}"
 
+    @override
     def prepare(self, url: str, cluster_environment: ClusterEnvironment) -> FileRendezvous:
         requested = Path(urlsplit(url).path)
         rank = cluster_environment.global_rank()
@@ -215,6 +223,7 @@ class FileInitMethod(InitMethod):
         problem = filestore_log_problem(descriptor)
         return None if problem is None else f"{rendezvous.file} {problem}"
 
+    @override
     def waiting_for(self, rendezvous: Rendezvous, world_size: int) -> list[int] | None:
         assert isinstance(rendezvous, FileRendezvous)
         try:
@@ -227,12 +236,14 @@ class FileInitMethod(InitMethod):
             if claimed_identity(rendezvous, claim_name(rendezvous.file.name, rank)) != file_identity(file)
         ]
 
+    @override
     def missing_ranks(self, rendezvous: Rendezvous, world_size: int, error: Exception) -> str:
         missing = self.waiting_for(rendezvous, world_size)
         if missing is None:
             return f"no rank is using {rendezvous.init_method} any more"
         return f"ranks that never arrived: {missing}"
 
+    @override
     def finish(self, rendezvous: Rendezvous) -> None:
         """Remove this rank's files, each on its own (a failure is reported, the others are still removed)."""
         assert isinstance(rendezvous, FileRendezvous)
