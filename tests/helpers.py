@@ -17,6 +17,7 @@ from pathlib import Path
 from types import ModuleType
 
 import pytest
+from jobs.sockets import listening_tcp_ports
 
 from lightning_dist_hooks import mpi
 from lightning_dist_hooks.launcher_variables import without_launcher_variables
@@ -153,6 +154,75 @@ def openmpi_run(ranks: int = 2) -> list[str]:
     root = ["--allow-run-as-root"] if os.geteuid() == 0 else []
     return [OPENMPI_MPIRUN, "-n", str(ranks), *root, "--oversubscribe", "--mca", "oob_tcp_if_include", "lo",
             "--mca", "btl", "self,vader", "-x", "GLOO_SOCKET_IFNAME=lo", "-x", "PYTHONPATH"]
+
+
+# Jobs of tests/mpi/*.py under mpirun: what they share with the tests is tests/mpi/_setup.py (RankReport,
+# pause_for_inspection, init_from_mpi_launch's MPI_TEST_PORT).
+MPI_JOBS = REPO / "tests" / "mpi"
+
+
+def mpi_job_environment(**overrides: str) -> dict[str, str]:
+    """``job_environment`` with ``MPI_TEST_PORT``: a free port for gloo's TCP store (``init_from_mpi_launch``)."""
+    return job_environment(MPI_TEST_PORT=str(free_port()), **overrides)
+
+
+def mpirun_command(script: str | Path, *args: str, ranks: int = 2, timeout_s: float = 240) -> list[str]:
+    """``mpirun -n RANKS python SCRIPT ARGS`` (SCRIPT: a name in tests/mpi/, or a path), killed after ``timeout_s``."""
+    mpirun = [*openmpi_run(ranks), sys.executable, str(MPI_JOBS / script), *args]
+    return ["timeout", "-k", "10", str(timeout_s), *mpirun]  # mpirun kills the ranks when it is killed
+
+
+def rank_reports(report_dir: Path) -> dict[int, list[str]]:
+    """Rank -> the lines it reported (``_setup.RankReport``: ``REPORT_DIR/rank-R.txt``)."""
+    return {int(path.stem.removeprefix("rank-")): path.read_text().splitlines()
+            for path in report_dir.glob("rank-*.txt")}
+
+
+@dataclass(frozen=True)
+class MpiJob:
+    returncode: int
+    output: str  # stdout and stderr of mpirun and every rank, together
+    reports: dict[int, list[str]]  # rank_reports(report_dir), empty without one
+    listening: dict[int, set[int]]  # with pause_dir: rank -> the TCP ports it listened on while paused
+
+
+def run_mpi_job(script: str | Path, *args: str, ranks: int = 2, timeout_s: float = 240, cwd: Path = REPO,
+                env: dict[str, str] | None = None, report_dir: Path | None = None,
+                pause_dir: Path | None = None) -> MpiJob:
+    """Run ``script`` under ``mpirun -n RANKS`` to its end (``mpirun_command``) in ``env`` (``mpi_job_environment()``).
+
+    With ``pause_dir``, the job is one that pauses every rank (``_setup.pause_for_inspection``): once every rank
+    wrote its pid there, each rank's listening TCP ports are read, then the job resumes.
+    """
+    command = mpirun_command(script, *args, ranks=ranks, timeout_s=timeout_s)
+    listening: dict[int, set[int]] = {}
+    with subprocess.Popen(command, cwd=cwd, env=env or mpi_job_environment(), stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, text=True) as job:
+        try:
+            if pause_dir is not None:
+                listening = _listening_while_paused(job, pause_dir, ranks, timeout_s)
+            output, _ = job.communicate(timeout=timeout_s + 30)
+        except subprocess.TimeoutExpired:
+            job.kill()
+            raise AssertionError(f"{command} did not finish in {timeout_s + 30} s:\n{job.communicate()[0][-6000:]}"
+                                 ) from None
+        finally:
+            if job.poll() is None:
+                job.kill()
+    return MpiJob(job.returncode, output, rank_reports(report_dir) if report_dir else {}, listening)
+
+
+def _listening_while_paused(job: subprocess.Popen, pause_dir: Path, ranks: int, timeout_s: float
+                            ) -> dict[int, set[int]]:
+    deadline = time.monotonic() + timeout_s
+    pid_files = [pause_dir / f"rank{rank}.pid" for rank in range(ranks)]
+    while not all(path.exists() for path in pid_files):
+        assert job.poll() is None, f"the job ended before pausing:\n{job.stdout.read()[-6000:]}"
+        assert time.monotonic() < deadline, f"the job did not pause within {timeout_s} s"
+        time.sleep(0.05)
+    listening = {rank: listening_tcp_ports(int(path.read_text())) for rank, path in enumerate(pid_files)}
+    (pause_dir / "resume").touch()
+    return listening
 
 
 # The two Lightning packages, for tests that run once with each (those that touch Lightning's objects).

@@ -6,6 +6,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 
 import pytest
 from helpers import REPO, job_environment, needs_mpi, openmpi_run, run_command, slurm_environment
@@ -91,23 +92,47 @@ def test_mpirun_mpi_transport_example_trains_over_mpi_with_no_listening_socket(t
             result.output[-3000:])
 
 
+# A job's states once it has ended (squeue(1), JOB STATE CODES); before, it is PENDING, RUNNING, COMPLETING...
+SLURM_END_STATES = {"BOOT_FAIL", "CANCELLED", "COMPLETED", "DEADLINE", "FAILED", "NODE_FAIL", "OUT_OF_MEMORY",
+                    "PREEMPTED", "TIMEOUT"}
+SLURM_JOB_TIMEOUT_S = 240
+
+
 def submit_slurm_job(tmp_path, rendezvous_dir):
-    """``sbatch --wait examples/slurm_job.sbatch`` on the test SLURM, 1 node, 2 tasks: (exit code, job's output)."""
+    """``sbatch examples/slurm_job.sbatch`` on the test SLURM, 1 node, 2 tasks, waited for: (the batch script's exit
+    code, the job's output)."""
     log = tmp_path / "job.out"
     env = {**slurm_environment(), "RENDEZVOUS_DIR": str(rendezvous_dir), "PYTHON": sys.executable,
            "EXAMPLES_DIR": str(REPO / "examples")}
-    command = ["sbatch", "--wait", "--nodes=1", "--ntasks-per-node=2", f"--output={log}",
+    command = ["sbatch", "--nodes=1", "--ntasks-per-node=2", f"--output={log}",
                str(REPO / "examples" / "slurm_job.sbatch")]
-    submitted = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=240,
+    submitted = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60,
                                stdin=subprocess.DEVNULL)
     job = re.search(r"Submitted batch job (\d+)", submitted.stdout)
-    assert job, submitted.stdout + submitted.stderr
+    assert submitted.returncode == 0 and job, submitted.stdout + submitted.stderr
+    state, exit_code = wait_for_slurm_job(job.group(1), SLURM_JOB_TIMEOUT_S)
     output = log.read_text() if log.exists() else ""
-    # sbatch --wait exits with the job's exit code; SLURM records the same (kept MinJobAge=60 s after the end).
-    record = subprocess.run(["scontrol", "show", "job", job.group(1)], capture_output=True, text=True, timeout=30)
-    exit_code = re.search(r"ExitCode=(\d+):\d+", record.stdout)
-    assert exit_code is None or int(exit_code.group(1)) == submitted.returncode, record.stdout
-    return submitted.returncode, output
+    assert (state == "COMPLETED") == (exit_code == 0), (state, exit_code, output[-6000:])
+    return exit_code, output
+
+
+def wait_for_slurm_job(job_id: str, timeout_s: float) -> tuple[str, int]:
+    """The job's end state and its batch script's exit code (128 + N when killed by signal N), asking SLURM every
+    0.2 s (kept MinJobAge=60 s after the end). Not ``sbatch --wait``: it sleeps 2, 8, then 32 s between its polls,
+    so a job of 11 s took it 42 s. A job still running after ``timeout_s`` is cancelled."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        record = subprocess.run(["scontrol", "--oneliner", "show", "job", job_id], capture_output=True, text=True,
+                                timeout=30).stdout
+        state = re.search(r"\bJobState=(\S+)", record)
+        if state and state.group(1) in SLURM_END_STATES:
+            break
+        if time.monotonic() > deadline:
+            subprocess.run(["scancel", job_id], capture_output=True, timeout=30)
+            raise AssertionError(f"SLURM job {job_id} did not end within {timeout_s} s: {record}")
+        time.sleep(0.2)
+    exit_code, signal = map(int, re.search(r"\bExitCode=(\d+):(\d+)", record).groups())
+    return state.group(1), 128 + signal if signal else exit_code
 
 
 @pytest.mark.cluster

@@ -16,19 +16,18 @@ from pathlib import Path
 import pytest
 import torch
 from helpers import (
+    MPI_JOBS,
     REPO,
-    free_port,
-    job_environment,
+    MpiJob,
+    mpi_job_environment,
     needs_mpi,
     needs_transport_torch,
-    openmpi_run,
     processes_mentioning,
+    run_mpi_job,
 )
-from jobs.sockets import listening_tcp_ports
 
 from lightning_dist_hooks import mpi
 
-SCRIPTS = REPO / "tests" / "mpi"
 JOB_TIMEOUT_S = 240  # start-up alone (importing torch and Lightning twice on 2 cores) can take 30 s
 WATCHDOG_TIMEOUT_S = 5
 # Time from rank 0 entering the skipped collective to mpirun's exit: the timeout, at most one watchdog period,
@@ -36,28 +35,10 @@ WATCHDOG_TIMEOUT_S = 5
 WATCHDOG_MARGIN_S = 15
 
 
-def _job_environment() -> dict[str, str]:
-    """No outer launcher's variables, loopback only, this checkout importable, a port for gloo's TCP store."""
-    return job_environment(MPI_TEST_PORT=str(free_port()))
-
-
-def _mpirun_command(script: Path, *args: str, ranks: int = 2) -> list[str]:
-    mpirun = [*openmpi_run(ranks), sys.executable, str(script), *args]
-    return ["timeout", "-k", "10", str(JOB_TIMEOUT_S), *mpirun]  # mpirun kills the ranks when it is killed
-
-
-def run_mpi(script: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    """Run ``script`` under ``mpirun -n 2``; stdout and stderr together in ``.stdout``."""
-    return subprocess.run(
-        _mpirun_command(script, *args),
-        cwd=REPO,
-        env=_job_environment(),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        stdin=subprocess.DEVNULL,
-        text=True,
-        timeout=JOB_TIMEOUT_S + 30,
-    )
+def run_mpi(script: str | Path, *args: str, **options: Path) -> MpiJob:
+    """Run ``script`` (a name in tests/mpi/, or a path) under ``mpirun -n 2``; stdout and stderr together in
+    ``.output``."""
+    return run_mpi_job(script, *args, timeout_s=JOB_TIMEOUT_S, **options)
 
 
 # --- without MPI ----------------------------------------------------------------------------------------------
@@ -80,7 +61,8 @@ print(repr(dist.Backend("mpi4py")), "mpi4py" in dist.Backend.backend_list, "mpi"
       mpi.mpi_init_method(), mpi.backend_for_mpi(), "mpi4py.MPI" in sys.modules)
 """
     completed = subprocess.run(
-        [sys.executable, "-c", code], cwd=SCRIPTS, env=_job_environment(), capture_output=True, text=True, timeout=120
+        [sys.executable, "-c", code], cwd=MPI_JOBS, env=mpi_job_environment(), capture_output=True, text=True,
+        timeout=120,
     )
     assert completed.returncode == 0, completed.stderr
     assert completed.stdout.split() == ["False", "False", "'mpi4py'", "True", "True", "mpi://", "mpi4py", "False"]
@@ -152,10 +134,8 @@ class CollectivesJob:
 def collectives_job(tmp_path_factory: pytest.TempPathFactory) -> CollectivesJob:
     """One job for collectives.py: every collective against expected values, then reductions against gloo."""
     report_dir = tmp_path_factory.mktemp("collectives-reports")
-    job = run_mpi(SCRIPTS / "collectives.py", str(report_dir))
-    reports = {int(file.stem.removeprefix("rank-")): file.read_text().splitlines()
-               for file in report_dir.glob("rank-*.txt")}
-    return CollectivesJob(job.returncode, job.stdout, reports)
+    job = run_mpi("collectives.py", str(report_dir), report_dir=report_dir)
+    return CollectivesJob(job.returncode, job.output, job.reports)
 
 
 CHECKS_ON_EVERY_RANK = (
@@ -241,32 +221,9 @@ def _train_and_inspect_sockets(backend: str, tmp_path: Path) -> tuple[dict[str, 
     pause_dir = tmp_path / f"pause-{backend}"
     pause_dir.mkdir()
     out_file = tmp_path / f"{backend}.pt"
-    command = _mpirun_command(SCRIPTS / "ddp_train.py", backend, str(out_file), "--pause-dir", str(pause_dir))
-    with subprocess.Popen(
-        command,
-        cwd=REPO,
-        env=_job_environment(),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        stdin=subprocess.DEVNULL,
-        text=True,
-    ) as job:
-        try:
-            deadline = time.monotonic() + JOB_TIMEOUT_S
-            pid_files = [pause_dir / f"rank{rank}.pid" for rank in (0, 1)]
-            while not all(path.exists() for path in pid_files):
-                assert job.poll() is None, f"{backend} job ended before pausing:\n{job.stdout.read()[-6000:]}"
-                assert time.monotonic() < deadline, f"{backend} job did not pause within {JOB_TIMEOUT_S} s"
-                time.sleep(0.1)
-            time.sleep(0.2)  # a pid file is written before its content is flushed
-            listening = {rank: listening_tcp_ports(int(path.read_text())) for rank, path in enumerate(pid_files)}
-            (pause_dir / "resume").touch()
-            output, _ = job.communicate(timeout=JOB_TIMEOUT_S)
-        finally:
-            if job.poll() is None:
-                job.kill()
-    assert job.returncode == 0, output[-8000:]
-    return torch.load(out_file), listening
+    job = run_mpi("ddp_train.py", backend, str(out_file), "--pause-dir", str(pause_dir), pause_dir=pause_dir)
+    assert job.returncode == 0, job.output[-8000:]
+    return torch.load(out_file), job.listening
 
 
 @pytest.mark.slow
@@ -288,18 +245,18 @@ def test_ddp_trains_bitwise_like_gloo_without_listening_sockets(tmp_path: Path) 
 @needs_mpi
 @pytest.mark.parametrize(("mode", "shape"), [("blocking", "[4]"), ("future", "[4]"), ("queued", "[262144]")])
 def test_watchdog_aborts_a_collective_another_rank_skipped(mode: str, shape: str) -> None:
-    completed = run_mpi(SCRIPTS / "timeout_job.py", mode, str(WATCHDOG_TIMEOUT_S))
+    job = run_mpi("timeout_job.py", mode, str(WATCHDOG_TIMEOUT_S))
     ended = time.time()
-    assert completed.returncode != 0, completed.stdout[-6000:]
-    waiting_since = re.search(r"waiting since ([\d.]+)", completed.stdout)
-    assert waiting_since, completed.stdout[-6000:]
+    assert job.returncode != 0, job.output[-6000:]
+    waiting_since = re.search(r"waiting since ([\d.]+)", job.output)
+    assert waiting_since, job.output[-6000:]
     assert WATCHDOG_TIMEOUT_S <= ended - float(waiting_since.group(1)) <= WATCHDOG_TIMEOUT_S + WATCHDOG_MARGIN_S
     assert (
         f"rank 0: allreduce(SUM) of float32{shape} on the default process group did not complete within the process "
-        f"group timeout ({WATCHDOG_TIMEOUT_S} s)" in completed.stdout
+        f"group timeout ({WATCHDOG_TIMEOUT_S} s)" in job.output
     )
-    assert "MPI_Abort" in completed.stdout
-    assert "completed although rank 1 skipped it" not in completed.stdout
+    assert "MPI_Abort" in job.output
+    assert "completed although rank 1 skipped it" not in job.output
 
 
 @pytest.mark.slow
@@ -307,15 +264,15 @@ def test_watchdog_aborts_a_collective_another_rank_skipped(mode: str, shape: str
 @needs_mpi
 @pytest.mark.parametrize(("mode", "shape"), [("blocking", r"\[4\]"), ("queued", r"\[262144\]")])
 def test_an_mpi_error_ends_the_job_at_once_saying_so(mode: str, shape: str) -> None:
-    completed = run_mpi(SCRIPTS / "mpi_error_job.py", mode)
+    job = run_mpi("mpi_error_job.py", mode)
     ended = time.time()
-    assert completed.returncode != 0, completed.stdout[-6000:]
-    started = re.search(r"broadcasting since ([\d.]+)", completed.stdout)
-    assert started, completed.stdout[-6000:]
+    assert job.returncode != 0, job.output[-6000:]
+    started = re.search(r"broadcasting since ([\d.]+)", job.output)
+    assert started, job.output[-6000:]
     assert ended - float(started.group(1)) <= WATCHDOG_MARGIN_S  # the 600 s timeout plays no part
     assert re.search(rf"rank \d: broadcast from rank 7 of float32{shape} on the default process group failed with an "
-                     r"MPI error \(.*MPI_ERR_ROOT", completed.stdout), completed.stdout[-6000:]
-    assert "from an invalid root returned" not in completed.stdout
+                     r"MPI error \(.*MPI_ERR_ROOT", job.output), job.output[-6000:]
+    assert "from an invalid root returned" not in job.output
 
 
 @pytest.mark.slow
@@ -323,8 +280,8 @@ def test_an_mpi_error_ends_the_job_at_once_saying_so(mode: str, shape: str) -> N
 @pytest.mark.compat
 @needs_mpi
 def test_lightning_trainer_fits_on_the_mpi4py_backend(tmp_path: Path) -> None:
-    completed = run_mpi(SCRIPTS / "lightning_fit.py", str(tmp_path))
-    assert completed.returncode == 0, completed.stdout[-8000:]
+    job = run_mpi("lightning_fit.py", str(tmp_path))
+    assert job.returncode == 0, job.output[-8000:]
     records = [json.loads((tmp_path / f"rank{rank}.json").read_text()) for rank in (0, 1)]
     for record in records:
         assert record["backend"] == "mpi4py"
@@ -341,13 +298,13 @@ def test_lightning_trainer_fits_on_the_mpi4py_backend(tmp_path: Path) -> None:
 @needs_mpi
 def test_benchmark_quick_run(tmp_path: Path) -> None:
     results_file = tmp_path / "results.json"
-    completed = run_mpi(
+    job = run_mpi(
         REPO / "benchmarks" / "mpi_allreduce.py", "--quick", "--background-load", "1", "--json", str(results_file)
     )
-    assert completed.returncode == 0, completed.stdout[-8000:]
+    assert job.returncode == 0, job.output[-8000:]
     assert not processes_mentioning("mpi_allreduce.py --background-load spinner")
-    assert "1 busy-looping background process(es)" in completed.stdout
-    assert "DDP training step" in completed.stdout
+    assert "1 busy-looping background process(es)" in job.output
+    assert "DDP training step" in job.output
     results = json.loads(results_file.read_text())
     assert [row["bytes"] for row in results["allreduce"]] == [4 << 10, 64 << 10]
     for row in results["allreduce"]:
@@ -361,15 +318,15 @@ def test_benchmark_quick_run(tmp_path: Path) -> None:
         assert set(row["median_seconds"]) == routes
         assert set(row["time_relative_to_blocking"]) == routes - {"blocking"}
         assert all(ratio > 0 for ratio in row["time_relative_to_blocking"].values())
-    assert "Completion routes of an all-reduce" in completed.stdout
+    assert "Completion routes of an all-reduce" in job.output
     tail = results["ddp_backward_tail"]
     assert tail["steps"] == 2 * 2  # rounds x steps per round in --quick, the warm-up step left out
     assert set(tail["median_seconds"]) == {"mpi4py backend", "gloo"}
-    assert "DDP backward's wait after its last bucket was ready" in completed.stdout
+    assert "DDP backward's wait after its last bucket was ready" in job.output
     timed_rows = [*results["allreduce"], *results["completion_routes"], results["sync_dist_step"], results["ddp_step"]]
     for row in [*timed_rows, tail]:
         for name, (first_quartile, third_quartile) in row["iqr_seconds"].items():
             assert 0 < first_quartile <= row["median_seconds"][name] <= third_quartile
     assert len(results["load_average_before"]) == len(results["load_average_after"]) == 3
     assert results["background_load_processes"] == 1
-    assert "Lightning's sync_dist pattern" in completed.stdout
+    assert "Lightning's sync_dist pattern" in job.output

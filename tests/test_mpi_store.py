@@ -10,8 +10,6 @@ from __future__ import annotations
 import itertools
 import json
 import re
-import subprocess
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,13 +17,11 @@ from typing import Any
 
 import pytest
 import torch.distributed as dist
-from helpers import OPENMPI_MPIRUN, REPO, job_environment, needs_mpi, openmpi_run
-from jobs.sockets import listening_tcp_ports
+from helpers import OPENMPI_MPIRUN, job_environment, needs_mpi, run_mpi_job
 
 from lightning_dist_hooks import mpi
 from lightning_dist_hooks.mpi._key_table import Answer, KeyTable, Request
 
-SCRIPTS = REPO / "tests" / "mpi"
 JOB_TIMEOUT_S = 120  # start-up (torch imported by every rank on 2 cores) takes 3 to 10 s; the jobs run under 15 s
 needs_mpi_store = pytest.mark.skipif(
     OPENMPI_MPIRUN is None or not mpi.is_available(),
@@ -269,30 +265,6 @@ def test_a_held_get_waits_again_for_a_key_deleted_before_its_last_key_came() -> 
 # --- mpirun jobs ---------------------------------------------------------------------------------------------------
 
 
-def mpirun_command(script: str, *args: str, ranks: int) -> list[str]:
-    mpirun = [*openmpi_run(ranks), sys.executable, str(SCRIPTS / script), *args]
-    return ["timeout", "-k", "10", str(JOB_TIMEOUT_S), *mpirun]  # mpirun kills the ranks when it is killed
-
-
-def run_job(script: str, *args: str, ranks: int = 2, cwd: Path = REPO, env: dict | None = None) -> tuple[int, str]:
-    """Run ``script`` under ``mpirun -n RANKS``: its exit code and its merged output."""
-    completed = subprocess.run(
-        mpirun_command(script, *args, ranks=ranks),
-        cwd=cwd,
-        env=env or job_environment(),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        stdin=subprocess.DEVNULL,
-        text=True,
-        timeout=JOB_TIMEOUT_S + 30,
-    )
-    return completed.returncode, completed.stdout
-
-
-def rank_reports(report_dir: Path) -> dict[int, list[str]]:
-    return {int(path.stem.removeprefix("rank-")): path.read_text().splitlines() for path in report_dir.glob("rank-*")}
-
-
 @dataclass(frozen=True)
 class ParityJob:
     returncode: int
@@ -308,9 +280,9 @@ class ParityJob:
 @pytest.fixture(scope="module")
 def parity_job(tmp_path_factory: pytest.TempPathFactory) -> ParityJob:
     report_dir = tmp_path_factory.mktemp("store-parity")
-    returncode, output = run_job("store_parity.py", str(report_dir))
+    job = run_mpi_job("store_parity.py", str(report_dir), timeout_s=JOB_TIMEOUT_S, report_dir=report_dir)
     alone, across, homes = {}, {}, {}
-    for rank, lines in rank_reports(report_dir).items():
+    for rank, lines in job.reports.items():
         for line in lines:
             if not line.startswith("{"):
                 continue
@@ -321,7 +293,7 @@ def parity_job(tmp_path_factory: pytest.TempPathFactory) -> ParityJob:
                 across[record["store"], rank] = record["results"]
             else:
                 homes[rank] = record["keys"]
-    return ParityJob(returncode, output, alone, across, homes)
+    return ParityJob(job.returncode, job.output, alone, across, homes)
 
 
 # FileStore's own departures from HashStore (torch 2.13's): delete_key answers True for an absent key, and num_keys
@@ -472,9 +444,10 @@ GROUP_TIMEOUT_S = 5
 @needs_mpi_store
 def test_a_rank_that_never_reaches_a_store_wait_is_named_and_the_job_ends_after_the_timeout(tmp_path: Path) -> None:
     started = time.monotonic()
-    returncode, output = run_job("store_missing_rank.py", str(tmp_path), str(GROUP_TIMEOUT_S), ranks=3)
+    job = run_mpi_job("store_missing_rank.py", str(tmp_path), str(GROUP_TIMEOUT_S), ranks=3, timeout_s=JOB_TIMEOUT_S,
+                      report_dir=tmp_path)
     ended, job_seconds = time.time(), time.monotonic() - started
-    reports = rank_reports(tmp_path)
+    returncode, output, reports = job.returncode, job.output, job.reports
     assert returncode != 0, output[-6000:]
     assert job_seconds < 60, output[-6000:]
     assert reports[2] == ["rank 2: default group all-reduce 6", "rank 2: sleeping"], output[-6000:]
@@ -522,33 +495,10 @@ def transport_job(tmp_path_factory: pytest.TempPathFactory) -> TransportJob:
     report_dir, pause_dir, tmp_dir, cwd = (base / name for name in ("reports", "pause", "tmp", "cwd"))
     for directory in (report_dir, pause_dir, tmp_dir, cwd):
         directory.mkdir()
-    command = mpirun_command("store_mpi_transport.py", str(report_dir), str(pause_dir), ranks=2)
-    with subprocess.Popen(
-        command,
-        cwd=cwd,
-        env=job_environment(TMPDIR=str(tmp_dir)),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        stdin=subprocess.DEVNULL,
-        text=True,
-    ) as job:
-        try:
-            deadline = time.monotonic() + JOB_TIMEOUT_S
-            pid_files = [pause_dir / f"rank{rank}.pid" for rank in (0, 1)]
-            while not all(path.exists() for path in pid_files):
-                assert job.poll() is None, f"the job ended before pausing:\n{job.stdout.read()[-6000:]}"
-                assert time.monotonic() < deadline, f"the job did not pause within {JOB_TIMEOUT_S} s"
-                time.sleep(0.05)
-            listening = {rank: listening_tcp_ports(int(path.read_text())) for rank, path in enumerate(pid_files)}
-            (pause_dir / "resume").touch()
-            output, _ = job.communicate(timeout=JOB_TIMEOUT_S)
-        finally:
-            if job.poll() is None:
-                job.kill()
-    records = {
-        rank: json.loads(lines[-1]) for rank, lines in rank_reports(report_dir).items() if lines
-    }  # fmt: skip
-    return TransportJob(job.returncode, output, listening, records, tmp_dir, cwd)
+    job = run_mpi_job("store_mpi_transport.py", str(report_dir), str(pause_dir), timeout_s=JOB_TIMEOUT_S, cwd=cwd,
+                      env=job_environment(TMPDIR=str(tmp_dir)), report_dir=report_dir, pause_dir=pause_dir)
+    records = {rank: json.loads(lines[-1]) for rank, lines in job.reports.items() if lines}
+    return TransportJob(job.returncode, job.output, job.listening, records, tmp_dir, cwd)
 
 
 @pytest.mark.slow

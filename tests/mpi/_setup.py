@@ -9,6 +9,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import sys
+import time
 import types
 from datetime import timedelta
 from pathlib import Path
@@ -24,7 +25,9 @@ if "lightning_dist_hooks" not in sys.modules:
 from lightning_dist_hooks import mpi  # needs the package root above
 from lightning_dist_hooks.process_group.exit_grace import hand_the_gil_to_backend_threads_at_exit
 
-__all__ = ["RankReport", "init_from_mpi_launch", "mpi"]
+__all__ = ["RankReport", "barrier", "init_from_mpi_launch", "mpi", "pause_for_inspection"]
+
+RESUME_TIMEOUT_S = 60.0
 
 
 class RankReport:
@@ -64,3 +67,24 @@ def init_from_mpi_launch(backend: str, timeout_s: float = 60.0) -> tuple[int, in
             backend, init_method=init_method, rank=launch.rank, world_size=launch.world_size, timeout=timeout
         )
     return dist.get_rank(), dist.get_world_size()
+
+
+def barrier() -> None:
+    """Every rank here, through MPI itself (not through a process group or a store under test); sleeps while it
+    waits, so that a rank's own threads (a store's service thread) keep the core."""
+    done = mpi.init_mpi().COMM_WORLD.Ibarrier()
+    while not done.Test():
+        time.sleep(0.001)
+
+
+def pause_for_inspection(pause_dir: Path, rank: int) -> None:
+    """Write ``PAUSE_DIR/rank<R>.pid`` (complete when it appears), then wait until ``PAUSE_DIR/resume`` exists (at
+    most ``RESUME_TIMEOUT_S``): the test inspects this rank meanwhile (``helpers.run_mpi_job(pause_dir=...)``)."""
+    pid_file = pause_dir / f"rank{rank}.pid"
+    pid_file.with_suffix(".tmp").write_text(str(os.getpid()))
+    pid_file.with_suffix(".tmp").replace(pid_file)
+    deadline = time.monotonic() + RESUME_TIMEOUT_S
+    while not (pause_dir / "resume").exists():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{pause_dir / 'resume'} did not appear within {RESUME_TIMEOUT_S} s")
+        time.sleep(0.05)

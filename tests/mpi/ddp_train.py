@@ -3,24 +3,22 @@
 Usage (under mpirun): python ddp_train.py BACKEND OUT_FILE [--pause-dir DIR]
 
 With --pause-dir, every rank writes ``rank<R>.pid`` into DIR after the first steps and waits (at most 60 s) for
-DIR/resume before it continues, so the test can inspect the sockets of a job that is mid-training.
+DIR/resume before it continues (``_setup.pause_for_inspection``), so the test can inspect the sockets of a job that
+is mid-training.
 """
 
 from __future__ import annotations
 
 import argparse
-import os
-import time
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
-from _setup import init_from_mpi_launch
+from _setup import init_from_mpi_launch, pause_for_inspection
 from torch.nn.parallel import DistributedDataParallel
 
 STEPS = 6
 PAUSE_AFTER_STEP = 2
-RESUME_TIMEOUT_S = 60.0
 
 
 def make_model() -> torch.nn.Module:
@@ -28,15 +26,6 @@ def make_model() -> torch.nn.Module:
     return torch.nn.Sequential(
         torch.nn.Linear(64, 256), torch.nn.ReLU(), torch.nn.Linear(256, 256), torch.nn.ReLU(), torch.nn.Linear(256, 8)
     )
-
-
-def pause_for_inspection(pause_dir: Path, rank: int) -> None:
-    (pause_dir / f"rank{rank}.pid").write_text(str(os.getpid()))
-    deadline = time.monotonic() + RESUME_TIMEOUT_S
-    while not (pause_dir / "resume").exists():
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"{pause_dir / 'resume'} did not appear within {RESUME_TIMEOUT_S} s")
-        time.sleep(0.05)
 
 
 def main() -> None:

@@ -6,8 +6,9 @@ Usage (under mpirun -n 2, TMPDIR and the working directory fresh): python store_
 Each rank initialises MPI, then snapshots its open file descriptors (``/proc/self/fd``) and every path under the
 temporary directory and the working directory; it initialises the default group (``mpi4py`` + ``mpi://``), uses
 its store (set, get of the other rank's key, add), snapshots again, writes PAUSE_DIR/rank<R>.pid and waits for
-PAUSE_DIR/resume (the test reads the rank's listening sockets meanwhile). Then it all-reduces on a gloo group made
-with ``new_group`` and on a 1-D ``DeviceMesh``. It reports one JSON line (``_setup.RankReport``) with what it saw.
+PAUSE_DIR/resume (``_setup.pause_for_inspection``; the test reads the rank's listening sockets meanwhile). Then it
+all-reduces on a gloo group made with ``new_group`` and on a 1-D ``DeviceMesh``. It reports one JSON line
+(``_setup.RankReport``) with what it saw.
 """
 
 from __future__ import annotations
@@ -16,16 +17,13 @@ import json
 import os
 import sys
 import tempfile
-import time
 from datetime import timedelta
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
-from _setup import RankReport, mpi
+from _setup import RankReport, barrier, mpi, pause_for_inspection
 from torch.distributed.device_mesh import init_device_mesh
-
-RESUME_TIMEOUT_S = 60.0
 
 
 def open_files() -> dict[str, str]:
@@ -41,23 +39,6 @@ def open_files() -> dict[str, str]:
 
 def paths_under(*roots: str) -> list[str]:
     return sorted(str(path) for root in roots for path in Path(root).rglob("*"))
-
-
-def barrier() -> None:
-    done = mpi.init_mpi().COMM_WORLD.Ibarrier()
-    while not done.Test():
-        time.sleep(0.001)
-
-
-def pause_for_inspection(pause_dir: Path, rank: int) -> None:
-    pid_file = pause_dir / f"rank{rank}.pid"
-    pid_file.with_suffix(".tmp").write_text(str(os.getpid()))
-    pid_file.with_suffix(".tmp").replace(pid_file)  # complete when it appears
-    deadline = time.monotonic() + RESUME_TIMEOUT_S
-    while not (pause_dir / "resume").exists():
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"{pause_dir / 'resume'} did not appear within {RESUME_TIMEOUT_S} s")
-        time.sleep(0.05)
 
 
 def main() -> None:

@@ -4,10 +4,11 @@ Usage (under mpirun -n 2): python store_parity.py REPORT_DIR
 
 Alone: a rank runs every case of ``CASES`` in turn on a store that only it uses; every rank at once, each on an
 ``MpiStore`` of its own (of two created on every rank), serving the other rank's meanwhile: half of each case's keys
-are kept by the other rank. Meanwhile, in a thread, rank 0 runs them on a ``HashStore``, rank 1 on a ``FileStore``
-(a file in REPORT_DIR). Across: both ranks on one ``FileStore``, then on one ``MpiStore``: keys set later by the
-other rank, concurrent ``add``/``append``/``compare_set`` on one key, a delete the other rank sees, a wait for a key
-the other rank never reaches.
+are kept by the other rank. Meanwhile, in a thread, rank 0 runs them on a ``HashStore``; rank 1 runs each case on a
+``FileStore`` of its own (a file in REPORT_DIR), every case at once: FileStore's timeouts take whole seconds, 8 s in
+turn. Across: both ranks on one ``FileStore``, then on one ``MpiStore``: keys set later by the other rank, concurrent
+``add``/``append``/``compare_set`` on one key, a delete the other rank sees, a wait for a key the other rank never
+reaches.
 
 Each rank writes one JSON object a line to REPORT_DIR/rank-R.txt (``_setup.RankReport``): ``{"phase": "alone",
 "runner", "store", "case", "steps", "errors"}`` per case (each step ``["ok", value]`` or ``["error", kind]``, kind
@@ -29,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 import torch.distributed as dist
-from _setup import RankReport, mpi
+from _setup import RankReport, barrier, mpi
 
 WORLD_SIZE = 2
 LONG = timedelta(seconds=30)  # the stores' timeout where nothing should time out
@@ -317,11 +318,12 @@ CASES: list[Callable[[dist.Store, Steps], None]] = [
 ]
 
 
-def run_alone(rank: int, store: dist.Store, name: str) -> list[str]:
+def run_alone(rank: int, store: dist.Store, name: str, cases: list[Callable[[dist.Store, Steps], None]] = CASES
+              ) -> list[str]:
     """Every case in turn on ``store``; the report's lines."""
     store.set_timeout(LONG)
     lines = []
-    for case in CASES:
+    for case in cases:
         do = Steps()
         started = time.monotonic()
         case(store, do)
@@ -331,14 +333,27 @@ def run_alone(rank: int, store: dist.Store, name: str) -> list[str]:
     return lines
 
 
+def run_each_case_on_a_file_store(rank: int, report_dir: Path) -> list[str]:
+    """Every case at once, each in a thread on a ``FileStore`` of its own; the report's lines, in the cases' order.
+
+    The cases' keys are their own, so each case's steps are those it has in turn on one store (``num_keys`` aside,
+    which FileStore counts differently anyway).
+    """
+    lines: dict[str, list[str]] = {}
+
+    def run(case: Callable[[dist.Store, Steps], None]) -> None:
+        store = dist.FileStore(str(report_dir / f"alone-{case.__name__}.filestore"), 1)
+        lines[case.__name__] = run_alone(rank, store, "FileStore", [case])
+
+    threads = [threading.Thread(target=run, args=(case,)) for case in CASES]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return [line for case in CASES for line in lines[case.__name__]]
+
+
 # --- across ranks ---
-
-
-def barrier() -> None:
-    """Every rank here, through MPI itself (not through a store under test); sleeps while it waits."""
-    done = mpi.init_mpi().COMM_WORLD.Ibarrier()
-    while not done.Test():
-        time.sleep(0.001)
 
 
 def run_across(report: RankReport, store: dist.Store, name: str) -> None:
@@ -409,13 +424,12 @@ def main() -> None:
     mpi_stores = [mpi.MpiStore.create(LONG) for _ in range(WORLD_SIZE)]
     homes = {key: mpi_stores[0].home_of(key) for key in both("homes")}
     report.line(json.dumps({"phase": "homes", "keys": homes}))
-    # Meanwhile, in a thread: rank 0 runs them on a HashStore, rank 1 on a FileStore (whose timeouts take seconds).
+    # Meanwhile, in a thread: rank 0 runs them on a HashStore, rank 1 on FileStores (whose timeouts take seconds).
     reference: list[str] = []
     if rank == 0:
         alone = threading.Thread(target=lambda: reference.extend(run_alone(rank, dist.HashStore(), "HashStore")))
     else:
-        file_store = dist.FileStore(str(report_dir / "alone.filestore"), 1)
-        alone = threading.Thread(target=lambda: reference.extend(run_alone(rank, file_store, "FileStore")))
+        alone = threading.Thread(target=lambda: reference.extend(run_each_case_on_a_file_store(rank, report_dir)))
     alone.start()
     lines = run_alone(rank, mpi_stores[rank], "MpiStore")
     alone.join()
