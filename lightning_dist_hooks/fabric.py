@@ -9,7 +9,7 @@ from typing import Any, Callable, Optional  # noqa: UP035 - see above
 from lightning_dist_hooks import _lightning_internals
 from lightning_dist_hooks._lightning_internals import check_same_package
 from lightning_dist_hooks.bootstrap_plan import BootstrapPlan, Flags, devices_left_at_auto
-from lightning_dist_hooks.environments import with_detected_cluster_environment
+from lightning_dist_hooks.environment_plugin import with_detected_cluster_environment
 from lightning_dist_hooks.hooks import check_setup_callable
 from lightning_dist_hooks.signatures import keyword_parameter, with_documented_arguments, with_keyword_parameters
 from lightning_dist_hooks.strategy import hook_strategy

@@ -9,7 +9,7 @@ from typing import Any, Optional
 from lightning_dist_hooks import _lightning_internals
 from lightning_dist_hooks._lightning_internals import Flavour, check_same_package
 from lightning_dist_hooks.bootstrap_plan import BootstrapPlan, Flags, creates_process_group, devices_left_at_auto
-from lightning_dist_hooks.environments import with_detected_cluster_environment
+from lightning_dist_hooks.environment_plugin import with_detected_cluster_environment
 from lightning_dist_hooks.hooks import check_hooks
 from lightning_dist_hooks.sampling import install_sampler_hook
 from lightning_dist_hooks.signatures import (

@@ -40,7 +40,8 @@ from lightning_dist_hooks import (
     register_cluster_environment,
 )
 from lightning_dist_hooks._lightning_internals import PYTORCH_LIGHTNING
-from lightning_dist_hooks.environments import LAUNCHER_ENVIRONMENTS, detection_order, with_detected_cluster_environment
+from lightning_dist_hooks.environment_plugin import with_detected_cluster_environment
+from lightning_dist_hooks.environments import LAUNCHER_ENVIRONMENTS, detection_order
 from lightning_dist_hooks.init_methods import FileInitMethod
 from lightning_dist_hooks.init_methods._shared_filesystem.launches import LAUNCH_TOKEN_VARIABLE
 from lightning_dist_hooks.launcher_variables import is_launcher_variable
