@@ -19,7 +19,11 @@ _lock = threading.Lock()
 _registered: set[str] = set()
 
 
-def register_once(scheme: str, handler: RendezvousHandler, otherwise: str) -> None:
+def register_once(
+    scheme: str,
+    handler: RendezvousHandler,
+    otherwise: str = "Use another init method, or do not import that package.",
+) -> None:
     """Make ``init_process_group(init_method="SCHEME://...")`` use ``handler`` in this process (idempotent).
 
     ``otherwise`` completes the error raised when another package holds the scheme already: what to use instead.

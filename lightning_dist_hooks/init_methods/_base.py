@@ -242,7 +242,7 @@ def prepare_rendezvous(handler: InitMethod, url: str, cluster_environment: Clust
     """``handler.prepare(url, ...)`` on this rank, with the scheme's torch rendezvous handler registered first."""
     torch_handler = handler.torch_rendezvous_handler()
     if torch_handler is not None:
-        register_once(handler.scheme, torch_handler, "Use another init method, or do not import that package.")
+        register_once(handler.scheme, torch_handler)
     return handler.prepare(url, cluster_environment)
 
 

@@ -81,7 +81,7 @@ def register() -> None:
 def register_rendezvous() -> None:
     """Register the ``mpi://`` rendezvous alone with torch (idempotent, MPI untouched): what gloo, NCCL and the other
     backends need to meet through :class:`MpiStore`; unlike the transport, it works on every supported torch."""
-    register_once(SCHEME, mpi_rendezvous, "Use another init method, or do not import that package.")
+    register_once(SCHEME, mpi_rendezvous)
 
 
 def torch_fits_the_transport(torch_version: str | None = None) -> bool:
