@@ -173,6 +173,24 @@ def started_by_an_mpi_launcher(environ: Mapping[str, str]) -> bool:
     return not MPI_RANK_VARIABLES.isdisjoint(environ)
 
 
+# How many tasks SLURM starts on this node: "4", or "4(x2)" for four on each of two nodes, "4,3" per node in turn.
+SLURM_TASKS_ON_NODES = "SLURM_STEP_TASKS_PER_NODE"
+
+
+def local_rank_count(environ: Mapping[str, str]) -> int | None:
+    """How many ranks the launcher started on this node, where it says so (an MPI launcher's ``local_size``, or
+    SLURM's tasks on the first node of the step), else None.
+
+    >>> local_rank_count({"OMPI_COMM_WORLD_LOCAL_SIZE": "8"}), local_rank_count({"SLURM_STEP_TASKS_PER_NODE": "4(x2)"})
+    (8, 4)
+    """
+    for launcher in (*MPI_LAUNCHERS, PALS):
+        if launcher.local_size is not None and environ.get(launcher.local_size, "").isdigit():
+            return int(environ[launcher.local_size])
+    leading = environ.get(SLURM_TASKS_ON_NODES, "").split("(")[0].split(",")[0]
+    return int(leading) if leading.isdigit() else None
+
+
 def without_launcher_variables(environ: Mapping[str, str]) -> dict[str, str]:
     """``environ`` minus every launcher variable: the environment for a job that must start a launch of its own."""
     return {name: value for name, value in environ.items() if not is_launcher_variable(name)}

@@ -11,6 +11,7 @@ import itertools
 import json
 import re
 import time
+from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -83,6 +84,23 @@ class TableStore:
     def multi_get(self, keys: list[str]) -> list[bytes]:
         return self._one("get", keys)
 
+    def list_keys(self) -> list[str]:
+        return self._one("list_keys", [])
+
+    def queue_push(self, key: str, value: bytes) -> None:
+        self._one("queue_push", [key], value)
+
+    def queue_pop(self, key: str, block: bool = True) -> bytes:
+        answers = self.table.handle(request(0, "queue_pop", [key], (block,)), now=0.0)
+        if not answers:
+            return "held"  # type: ignore[return-value]  # HashStore would wait here: the sequence avoids it
+        if not answers[0].ok:
+            raise {"QueueEmptyError": dist.QueueEmptyError}.get(answers[0].error_type, dist.DistStoreError)()
+        return answers[0].result
+
+    def queue_len(self, key: str) -> int:
+        return self._one("queue_len", [key])
+
 
 def apply_in_turn(store: Any) -> list[Any]:
     """The same operations, each one's result or error class, on ``store`` (HashStore or TableStore)."""
@@ -143,6 +161,60 @@ def test_key_table_answers_like_torchs_hash_store() -> None:
     expected = apply_in_turn(dist.HashStore())
     assert apply_in_turn(TableStore()) == expected
     assert expected[-1] == 11 and expected[-2] == [b"odd key", b"empty key"]  # the sequence does what it says
+
+
+def queue_steps(store: Any) -> list[Any]:
+    """Queue operations beside keys of the same names, each one's result or error class."""
+    operations = [
+        lambda: store.queue_len("q"),
+        lambda: store.check(["q"]),
+        lambda: store.queue_push("q", b"1"),
+        lambda: store.queue_push("q", b"2"),
+        lambda: store.check(["q"]),
+        lambda: store.queue_len("q"),
+        lambda: store.num_keys(),
+        lambda: store.list_keys(),
+        lambda: store.set("q", b"a key too"),
+        lambda: store.queue_pop("q"),
+        lambda: store.get("q"),
+        lambda: store.delete_key("q"),
+        lambda: store.queue_pop("q", False),
+        lambda: store.check(["q"]),
+        lambda: store.queue_pop("q", False),
+        lambda: store.queue_len("q"),
+        lambda: store.set("k", b"v"),
+        lambda: store.queue_push("k", b"item"),
+        lambda: store.delete_key("k"),
+        lambda: store.check(["k"]),
+        lambda: sorted(store.list_keys()),
+    ]
+    results = []
+    for operation in operations:
+        try:
+            results.append(operation())
+        except Exception as error:
+            results.append(type(error).__name__)
+    return results
+
+
+@pytest.mark.unit
+def test_queues_live_beside_the_keys_as_in_torchs_hash_store() -> None:
+    expected = queue_steps(dist.HashStore())
+    assert queue_steps(TableStore()) == expected
+    assert expected[9] == b"1" and expected[14] == "QueueEmptyError"  # the sequence does what it says
+
+
+@pytest.mark.unit
+def test_a_held_queue_pop_takes_the_item_pushed_later_and_two_held_pops_take_one_each() -> None:
+    table = KeyTable(rank=0, world_size=3)
+    first, second = request(1, "queue_pop", ["q"], (True,)), request(2, "queue_pop", ["q"], (True,))
+    assert table.handle(first, now=0.0) == [] and table.handle(second, now=0.0) == []
+    push = request(0, "queue_push", ["q"], (b"x",))
+    answers = table.handle(push, now=1.0)
+    assert answers == [Answer(0, push.request_id, True, None), Answer(1, first.request_id, True, b"x")]
+    push = request(0, "queue_push", ["q"], (b"y",))
+    assert table.handle(push, now=2.0)[1:] == [Answer(2, second.request_id, True, b"y")]
+    assert table.queues["q"] == deque() and table.held == []
 
 
 @pytest.mark.unit

@@ -4,7 +4,10 @@
 its *home*). On each rank a :class:`KeyTable` holds that rank's share and answers the operations sent to it.
 An operation that must wait (``get`` of a key not set yet, ``wait``) is held as a :class:`HeldWait` and answered
 when a later change completes it, or with an error naming the keys and the ranks that never reached them when its
-deadline passes. The table only computes answers; who sends them, and how, is the store's business.
+deadline passes. Queues (``queue_push``, ``queue_pop``, ``queue_len``) live beside the keys, as in torch's
+``HashStore``: ``check`` and ``wait`` see a queue that holds an item, ``get``, ``num_keys``, ``list_keys`` and
+``delete_key`` see only keys, and a blocking ``queue_pop`` of an empty queue is held until an item is pushed. The
+table only computes answers; who sends them, and how, is the store's business.
 
     table = KeyTable(rank=0, world_size=2)
     table.handle(Request(source=1, request_id=7, op="add", keys=("counter",), args=(5,), timeout_s=30.0), now=0.0)
@@ -14,6 +17,7 @@ deadline passes. The table only computes answers; who sends them, and how, is th
 from __future__ import annotations
 
 import re
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
@@ -45,6 +49,11 @@ class Answer(NamedTuple):
     error_type: str = "DistStoreError"
 
 
+# Requests answered once their keys are there, held until then: "get" and "queue_pop" take what they find.
+_HELD_OPS = ("get", "wait", "queue_pop")
+_NEVER_DONE = {"get": "which no rank set", "wait": "which no rank set", "queue_pop": "to which no rank pushed an item"}
+
+
 @dataclass
 class HeldWait:
     """A ``get`` or ``wait`` whose keys are not all set yet."""
@@ -61,6 +70,7 @@ class KeyTable:
         self.rank = rank
         self.world_size = world_size
         self.values: dict[str, bytes] = {}
+        self.queues: dict[str, deque[bytes]] = {}
         self.held: list[HeldWait] = []
         # Which ranks have asked anything of each key: the ranks missing from it are named when a wait times out.
         self._reached_by: dict[str, set[int]] = {}
@@ -70,12 +80,14 @@ class KeyTable:
         for key in request.keys:
             self._reached_by.setdefault(key, set()).add(request.source)
         op = request.op
-        if op in ("get", "wait"):
-            missing = {key for key in request.keys if key not in self.values}
+        if op == "queue_pop" and not request.args[0] and not self.queues.get(request.keys[0]):
+            return [Answer(request.source, request.request_id, False, "queue is empty", "QueueEmptyError")]
+        if op in _HELD_OPS:
+            missing = self._missing(request)
             if missing:
                 self.held.append(HeldWait(request, now + request.timeout_s, missing))
                 return []
-            return [self._answer(request, True, self._wait_result(request))]
+            return [self._answer(request, True, self._held_result(request))]
         handler = getattr(self, f"_op_{op}", None)
         if handler is None:
             return [self._answer(request, False, f"the mpi:// store has no operation {op!r}")]
@@ -139,32 +151,59 @@ class KeyTable:
         return self.values.pop(key, None) is not None
 
     def _op_check(self, *keys: str) -> bool:
-        return all(key in self.values for key in keys)
+        return all(self._present(key) for key in keys)
 
     def _op_num_keys(self) -> int:
         return len(self.values)
+
+    def _op_list_keys(self) -> list[str]:
+        return list(self.values)
+
+    def _op_queue_push(self, key: str, value: bytes) -> None:
+        self.queues.setdefault(key, deque()).append(value)
+
+    def _op_queue_len(self, key: str) -> int:
+        return len(self.queues.get(key, ()))
+
+    def _present(self, key: str) -> bool:
+        """Whether ``check`` and ``wait`` see ``key``: a key, or a queue holding an item (as ``HashStore``)."""
+        return key in self.values or bool(self.queues.get(key))
+
+    def _missing(self, request: Request) -> set[str]:
+        """The keys a held request still waits for: ``get`` waits for keys, ``queue_pop`` for an item, ``wait``
+        for either."""
+        if request.op == "get":
+            return {key for key in request.keys if key not in self.values}
+        if request.op == "queue_pop":
+            return set() if self.queues.get(request.keys[0]) else {request.keys[0]}
+        return {key for key in request.keys if not self._present(key)}
 
     # --- answers ---
 
     def _answer(self, request: Request, ok: bool, result: Any) -> Answer:
         return Answer(request.source, request.request_id, ok, result)
 
-    def _wait_result(self, request: Request) -> list[bytes] | None:
-        return [self.values[key] for key in request.keys] if request.op == "get" else None
+    def _held_result(self, request: Request) -> list[bytes] | bytes | None:
+        """What a held request answers once nothing is missing; a ``queue_pop`` takes its item now."""
+        if request.op == "get":
+            return [self.values[key] for key in request.keys]
+        if request.op == "queue_pop":
+            return self.queues[request.keys[0]].popleft()
+        return None
 
     def _completed_by(self, changed: tuple[str, ...]) -> list[Answer]:
         if not self.held:
             return []
         answers = []
         still_held = []
-        for held in self.held:
+        for held in self.held:  # in the order they came: a pushed item goes to the first pop held for it
             if any(key in held.request.keys for key in changed):
-                # Every key again, not only those missing before: one may have been deleted since it was set.
-                held.missing = {key for key in held.request.keys if key not in self.values}
+                # Every key again, not only those missing before: one may have been deleted (or popped) since.
+                held.missing = self._missing(held.request)
             if held.missing:
                 still_held.append(held)
             else:
-                answers.append(self._answer(held.request, True, self._wait_result(held.request)))
+                answers.append(self._answer(held.request, True, self._held_result(held.request)))
         self.held = still_held
         return answers
 
@@ -174,6 +213,6 @@ class KeyTable:
         asked = sorted({rank for key in missing for rank in self._reached_by.get(key, ())})
         return (
             f"Wait timeout: rank {held.request.source} waited {held.request.timeout_s:g} s for the keys {missing} of "
-            f"the mpi:// store (kept by rank {self.rank}), which no rank set. Ranks that asked for them: {asked}; "
-            f"ranks that never reached them: {not_reached}."
+            f"the mpi:// store (kept by rank {self.rank}), {_NEVER_DONE[held.request.op]}. Ranks that asked for them: "
+            f"{asked}; ranks that never reached them: {not_reached}."
         )
