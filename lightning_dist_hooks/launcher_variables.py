@@ -191,6 +191,26 @@ def local_rank_count(environ: Mapping[str, str]) -> int | None:
     return int(leading) if leading.isdigit() else None
 
 
+# What SLURM and PMIx tell a rank that srun --mpi=pmix started (srun sets none of an MPI launcher's own variables).
+SLURM_RANK_VARIABLES = ("SLURM_PROCID", "SLURM_NTASKS", "SLURM_JOB_ID", "SLURM_STEP_ID", "SLURM_STEP_NODELIST")
+PMIX_VARIABLES = ("PMIX_RANK", "PMIX_NAMESPACE")
+
+
+def launcher_facts(environ: Mapping[str, str]) -> str:
+    """What the launchers told this process of its place in the job, as ``NAME=value`` in table order: what a rank
+    can say of a launch before MPI knows its peers.
+
+    >>> launcher_facts({"OMPI_COMM_WORLD_SIZE": "2", "OMPI_COMM_WORLD_RANK": "1", "HOME": "/root"})
+    'OMPI_COMM_WORLD_RANK=1, OMPI_COMM_WORLD_SIZE=2'
+    """
+    names: list[str] = []
+    for launcher in (*MPI_LAUNCHERS, PALS, FLUX):
+        names += [launcher.rank, launcher.world_size, launcher.local_rank, *filter(None, (launcher.local_size,))]
+    names += [*SLURM_RANK_VARIABLES, *PMIX_VARIABLES]
+    shown = [f"{name}={environ[name]}" for name in dict.fromkeys(names) if name in environ]
+    return ", ".join(shown) or "no launcher variable is set"
+
+
 def without_launcher_variables(environ: Mapping[str, str]) -> dict[str, str]:
     """``environ`` minus every launcher variable: the environment for a job that must start a launch of its own."""
     return {name: value for name, value in environ.items() if not is_launcher_variable(name)}

@@ -26,10 +26,10 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
 from datetime import timedelta
 
 from lightning_dist_hooks.init_methods import InitMethod, Rendezvous
+from lightning_dist_hooks.wait_schedule import DEFAULT_SCHEDULE, ReportSchedule
 
 log = logging.getLogger(__name__)
 
@@ -47,22 +47,6 @@ def missing_ranks_query(handler: InitMethod, rendezvous: Rendezvous, world_size:
     return lambda: handler.waiting_for(rendezvous, world_size)
 
 
-@dataclass(frozen=True)
-class ReportSchedule:
-    """When to report, in seconds since the wait began: each of ``first``, then every ``every`` seconds."""
-
-    first: tuple[float, ...] = (10.0, 30.0)
-    every: float = 60.0
-
-    def times(self) -> Iterator[float]:
-        yield from self.first
-        last = self.first[-1] if self.first else 0.0
-        while True:
-            last += self.every
-            yield last
-
-
-DEFAULT_SCHEDULE = ReportSchedule()
 # What create_process_group uses; the doctor replaces it with a faster one for its live line.
 schedule = DEFAULT_SCHEDULE
 
@@ -128,9 +112,7 @@ def _report_until_done(
 ) -> None:
     started = time.monotonic()
     level = logging.INFO if rank == 0 else logging.DEBUG
-    for report_at in report_schedule.times():
-        if report_at >= timeout.total_seconds():
-            return  # the timeout's own error says who is missing
+    for report_at in report_schedule.times_within(timeout.total_seconds()):
         if done.wait(max(0.0, report_at - (time.monotonic() - started))):
             return
         try:

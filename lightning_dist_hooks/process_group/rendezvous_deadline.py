@@ -24,6 +24,7 @@ from contextlib import contextmanager
 from datetime import timedelta
 
 from lightning_dist_hooks.process_group.progress import MissingRanks
+from lightning_dist_hooks.wait_schedule import grace_s
 
 EXIT_CODE = 1
 
@@ -35,15 +36,6 @@ def print_to_stderr(message: str) -> None:
 
 # What a stuck rank does with the message before it ends; the doctor replaces it to report its findings with it.
 report_stuck: Callable[[str], None] = print_to_stderr
-
-
-def grace_s(timeout: timedelta) -> float:
-    """How long past its timeout a rendezvous may still return: a tenth of the timeout, 10 s to 60 s.
-
-    >>> grace_s(timedelta(seconds=15)), grace_s(timedelta(minutes=5)), grace_s(timedelta(minutes=30))
-    (10.0, 30.0, 60.0)
-    """
-    return min(60.0, max(10.0, 0.1 * timeout.total_seconds()))
 
 
 def stuck_message(rank: int, world_size: int, init_method: str, timeout: timedelta, missing: list[int] | None) -> str:
