@@ -1,16 +1,23 @@
-"""Listening TCP sockets, read from ``/proc`` (Linux): which a process holds, whether it inherited one from its
-launcher (and which), and who holds a given port. Standard library only: the doctor and the process group's
-start-up warning (``process_group/mpi_listeners.py``) both read sockets through it.
+"""Listening TCP sockets, read from ``/proc`` (Linux): which a process holds, who opened each (the launcher, the MPI
+library, the rendezvous store, the process group's backend), and who holds a given port. Standard library only:
+the doctor and the process group's start-up warning (``process_group/mpi_listeners.py``) both read sockets and
+their openers through it.
+
+/proc does not say which library of a process opened a socket, so the openers say so themselves: each wraps the
+call that may open sockets in :func:`attributing_new_sockets`, and the sockets that appear meanwhile are theirs
+(MPI's start-up in ``mpi._mpi``, the process group's creation in ``process_group.create``). rank 0's TCP store is
+known by its port, and a socket the rank inherited by its launcher holding it too.
 
     for socket in listening_sockets():
-        print(socket, launcher_of(socket.inode) or "opened by this process")
+        print(socket, who_opened(socket))
 """
 
 from __future__ import annotations
 
 import ipaddress
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -19,6 +26,14 @@ _TCP_LISTEN = "0A"
 # How every attribution of a socket the rank inherited starts: the verdicts tell the launcher's sockets by it, since
 # the attribution is all that travels to the other ranks (``{"socket": ..., "opened_by": ...}``).
 INHERITED = "inherited from the launcher"
+# How every attribution of a socket the MPI library opened starts (its transport, e.g. Open MPI's tcp BTL).
+MPI_LIBRARY = "the MPI library"
+TCP_STORE = "torch's TCPStore, the rendezvous store rank 0 serves"
+# A socket none of the above opened: the program's own, or a library's it loaded (Lightning's and ours open none).
+UNKNOWN_OPENER = "this program or a library it loaded (not MPI, the rendezvous store nor the process group)"
+
+# inode -> who opened it, as the block that opened it said (attributing_new_sockets).
+_openers: dict[str, str] = {}
 
 
 @dataclass(frozen=True)
@@ -40,6 +55,45 @@ def listening_sockets(pid: int | str = "self") -> list[ListeningSocket]:
         (socket for socket in _listening_in_namespace_of(pid) if socket.inode in inodes),
         key=lambda socket: (socket.port, socket.address),
     )
+
+
+@contextmanager
+def attributing_new_sockets(opener: Callable[[], str]) -> Iterator[None]:
+    """The listening sockets this process opens during the block are ``opener()``'s (asked once the block is over,
+    when e.g. the MPI library can name itself), unless a block inside named them first.
+
+        with attributing_new_sockets(lambda: "the MPI library (Open MPI's tcp transport)"):
+            from mpi4py import MPI
+    """
+    before = {socket.inode for socket in listening_sockets()}
+    try:
+        yield
+    finally:
+        new = [socket.inode for socket in listening_sockets() if socket.inode not in before]
+        if new:
+            name = opener()
+            for inode in new:
+                _openers.setdefault(inode, name)
+
+
+def who_opened(socket: ListeningSocket, tcp_store_port: int | None = None) -> str:
+    """Who opened this process's listening ``socket``: its launcher (inherited), rank 0's TCP store (on
+    ``tcp_store_port``), the block that said so (:func:`attributing_new_sockets`), else :data:`UNKNOWN_OPENER`.
+
+    >>> who_opened(ListeningSocket("0.0.0.0", 29500, "no-such-inode"), tcp_store_port=29500)
+    "torch's TCPStore, the rendezvous store rank 0 serves"
+    """
+    launcher = launcher_of(socket.inode)
+    if launcher is not None:
+        return launcher
+    if socket.port == tcp_store_port:
+        return TCP_STORE
+    return _openers.get(socket.inode, UNKNOWN_OPENER)
+
+
+def is_mpi_librarys(attribution: str) -> bool:
+    """Whether ``attribution`` (a :func:`who_opened` result) says the MPI library opened the socket."""
+    return attribution.startswith(MPI_LIBRARY)
 
 
 def is_launchers(attribution: str) -> bool:

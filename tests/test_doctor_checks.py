@@ -98,8 +98,9 @@ def test_a_socket_only_the_launcher_opened_passes_mpi_sockets_and_is_named():
     verdict = check_mpi_sockets("mpi4py", ranks, spans_nodes=False)
     assert (verdict.status, verdict.ranks) == (OK, [])
     assert verdict.message == (
-        "torch_dist_backend='mpi4py': no rank opened a listening TCP socket; the ranks hold only their launcher's, "
-        "which MPI did not open: 0.0.0.0:35929, inherited from the launcher (slurmstepd, pid 1234) by ranks [0, 1]")
+        "torch_dist_backend='mpi4py': neither MPI nor a rendezvous store opened a listening TCP socket; the ranks hold "
+        "their launcher's, which MPI did not open: 0.0.0.0:35929, inherited from the launcher (slurmstepd, pid 1234) "
+        "by ranks [0, 1]")
 
 
 def test_a_socket_mpi_opened_still_fails_beside_the_launchers():
@@ -114,6 +115,33 @@ def test_a_socket_mpi_opened_still_fails_beside_the_launchers():
         "open: 0.0.0.0:35929, inherited from the launcher (slurmstepd, pid 1234) by ranks [0, 1]")
     assert "export OMPI_MCA_btl=self,vader" in verdict.fix
     assert check_mpi_sockets("mpi", ranks, spans_nodes=True).status == WARN
+
+
+GLOO_OPENED = "the gloo backend, for connections between ranks"
+TCP_STORE_OPENED = "torch's TCPStore, the rendezvous store rank 0 serves"
+
+
+def test_under_an_mpi_launcher_gloos_own_sockets_pass_and_the_mpi_librarys_fail_naming_open_mpi():
+    gloo = {"socket": "127.0.0.1:40000", "opened_by": GLOO_OPENED}
+    mpi = {"socket": "0.0.0.0:1024", "opened_by": "the MPI library (Open MPI's tcp transport)"}
+    quiet = [{"rank": 0, "mpi_launched": True, "listening": [gloo]}]
+    assert check_mpi_sockets("gloo", quiet, spans_nodes=False).status == OK
+    assert check_mpi_sockets("gloo", [{**quiet[0], "mpi_launched": False}], spans_nodes=False) is None
+    verdict = check_mpi_sockets("gloo", [{"rank": 0, "mpi_launched": True, "listening": [gloo, mpi]}], False)
+    assert (verdict.status, verdict.ranks) == (FAIL, [0])
+    assert "ranks listen (rank 0: 0.0.0.0:1024): the MPI library opened them (Open MPI's tcp transport)" in (
+        verdict.message)
+    assert "127.0.0.1:40000" not in verdict.message and "--mca btl self,vader" in verdict.fix
+
+
+def test_a_tcp_store_under_the_mpi_transport_is_named_as_the_stores_with_mpi_as_its_fix_not_open_mpis():
+    store = {"socket": "[::]:29500", "opened_by": TCP_STORE_OPENED}
+    verdict = check_mpi_sockets("mpi4py", [{"rank": 0, "listening": [store]}, {"rank": 1, "listening": []}], False)
+    assert (verdict.status, verdict.ranks) == (WARN, [0])
+    assert verdict.message == (
+        "torch_dist_backend='mpi4py' rank 0 serves a TCP rendezvous store (rank 0: [::]:29500), reachable by anyone "
+        "who can reach its node, though MPI already knows every rank")
+    assert "Open MPI" not in verdict.message and "btl" not in verdict.fix and "mpi://" in verdict.fix
 
 
 def test_the_farthest_ancestor_holding_the_socket_opened_it():

@@ -6,7 +6,7 @@ import re
 import sys
 
 import pytest
-from helpers import FIT_JOB, needs_mpi, openmpi_run, run_command, slurm_environment
+from helpers import FIT_JOB, free_port, needs_mpi, openmpi_run, run_command, slurm_environment
 
 from lightning_dist_hooks import Trainer, mpi
 
@@ -225,27 +225,54 @@ def test_gloo_through_mpi_trains_as_through_file_under_srun_mpi_pmix(slurm_clust
     assert_meets_through_the_mpi_store_as_file_does(ours, file, "SLURMEnvironment")
 
 
-@pytest.mark.slow
-@pytest.mark.mpi
-@needs_mpi
-def test_the_mpi_transport_on_one_node_warns_in_the_job_log_when_the_ranks_listen(tmp_path):
-    # Plain mpirun: Open MPI's tcp transport listens on every rank; the job's own log must say so, with the fix.
+WARNING = "under an MPI launcher, yet ranks listen on TCP sockets a setting would close"
+MPI_LIBRARY_OPENED = re.compile(r"(\S+:\d+) \(the MPI library \(Open MPI's tcp transport\)\)")
+MPI_LIBRARY_FIX = "Fixes: for the MPI library's: start the job with mpirun --mca btl self,vader"
+
+
+def fit_under(launcher: list[str], tmp_path, name: str, *flags: str):
+    out_dir = tmp_path / name
+    command = ["timeout", "150", *launcher, sys.executable, str(FIT_JOB), "--out", str(out_dir), "--epochs", "1",
+               *flags]
+    return run_command(command, cwd=tmp_path, out_dir=out_dir, timeout=180).assert_ok()
+
+
+def plain_mpirun() -> list[str]:
+    """``openmpi_run()`` without its ``--mca btl self,vader``: Open MPI's tcp transport then listens on every rank."""
     shared_memory_only = openmpi_run()
     at = shared_memory_only.index("btl") - 1
     assert shared_memory_only[at:at + 3] == ["--mca", "btl", "self,vader"]
-    plain = shared_memory_only[:at] + shared_memory_only[at + 3:]
-    out_dir = tmp_path / "plain"
-    command = ["timeout", "150", *plain, sys.executable, str(FIT_JOB), "--out", str(out_dir), "--epochs", "1",
-               "--backend", "mpi"]
-    listening = run_command(command, cwd=tmp_path, out_dir=out_dir, timeout=180).assert_ok()
-    warning = re.search(r"torch_dist_backend='mpi4py' on one node, yet the ranks listen on TCP sockets the MPI "
-                        r"library opened \(Open MPI's tcp transport\), reachable by anyone who can reach this node: "
-                        r"rank 0: (?P<rank0>.+?); rank 1: (?P<rank1>.+?)\. Start the job with "
-                        r"mpirun --mca btl self,vader", listening.output)
-    assert warning is not None, listening.output[-4000:]
-    assert listening.output.count("yet the ranks listen on TCP sockets") == 1, "rank 0 warns, once"
-    for rank in (0, 1):
-        ports = {int(each.rsplit(":", 1)[1]) for each in warning.group(f"rank{rank}").split(", ")}
-        assert ports and ports <= set(listening.ranks[rank]["listening_tcp_ports"]), (ports, listening.ranks[rank])
-    quiet = fit_under_mpirun(tmp_path, "shared-memory", "--backend", "mpi", "--epochs", "1")
-    assert "yet the ranks listen" not in quiet.output
+    return shared_memory_only[:at] + shared_memory_only[at + 3:]
+
+
+@pytest.mark.slow
+@pytest.mark.mpi
+@needs_mpi
+@pytest.mark.parametrize(("backend", "init_method"), [("mpi", None), ("gloo", "mpi://")])
+def test_under_plain_mpirun_the_job_log_names_open_mpis_tcp_transport_with_its_fix(tmp_path, backend, init_method):
+    flags = ["--backend", backend, *(["--init-method", init_method] if init_method else [])]
+    listening = fit_under(plain_mpirun(), tmp_path, "plain", *flags)
+    process_group_backend = listening.ranks[0]["process_group_backend"]
+    assert f"torch_dist_backend={process_group_backend!r} {WARNING}" in listening.output, listening.output[-4000:]
+    assert listening.output.count(WARNING) == 1, "rank 0 warns, once"
+    assert MPI_LIBRARY_FIX in listening.output
+    named = {int(address.rsplit(":", 1)[1]) for address in MPI_LIBRARY_OPENED.findall(listening.output)}
+    held = {port for rank in (0, 1) for port in listening.ranks[rank]["listening_tcp_ports"]}
+    assert named and named <= held, (named, held)
+    if backend == "gloo":  # gloo's own sockets are named as gloo's, not as MPI's
+        assert "(the gloo backend, for connections between ranks)" in listening.output
+    quiet = fit_under(openmpi_run(), tmp_path, "shared-memory", *flags)
+    assert WARNING not in quiet.output
+
+
+@pytest.mark.slow
+@pytest.mark.mpi
+@needs_mpi
+def test_the_mpi_transport_through_a_tcp_store_is_told_of_the_store_and_mpi_not_of_open_mpi(tmp_path):
+    port = free_port()
+    run = fit_under(openmpi_run(), tmp_path, "tcp", "--backend", "mpi", "--init-method", f"tcp://127.0.0.1:{port}")
+    assert f"rank 0: [::]:{port} (torch's TCPStore, the rendezvous store rank 0 serves)" in run.output or (
+        f"rank 0: 0.0.0.0:{port} (torch's TCPStore, the rendezvous store rank 0 serves)" in run.output
+    ), run.output[-4000:]
+    assert "Fixes: for the TCP store's: torch_dist_init_method='mpi://'" in run.output
+    assert "MPI library" not in run.output and "--mca btl" not in run.output

@@ -47,7 +47,7 @@ from lightning_dist_hooks.init_methods import (
     diagnostics_of,
     init_method_handler,
 )
-from lightning_dist_hooks.listening_sockets import listening_sockets
+from lightning_dist_hooks.listening_sockets import attributing_new_sockets, listening_sockets
 from lightning_dist_hooks.process_group import progress, rendezvous_deadline
 
 # The live line: sooner and more often than a training job's reports, the doctor's timeout being short.
@@ -210,7 +210,7 @@ class Checkup:
         return [
             {
                 "socket": str(each),
-                "opened_by": opened_by(each.inode, each.port, self.sockets_before, store_port, self.facts["backend"]),
+                "opened_by": opened_by(each, self.sockets_before, store_port),
             }
             for each in listening_sockets()
         ]
@@ -261,7 +261,9 @@ class DoctorModule(LightningModule):
         device_id: torch.device | None = None,
     ) -> None:
         self.checkup.check_before_rendezvous(self.trainer, backend, init_method, rank, world_size)
-        super().setup_distributed_backend(backend, init_method, rank, world_size, timeout, device_id)
+        # Said here as well as around the hook: the doctor reads the sockets before the hook returns.
+        with attributing_new_sockets(lambda: f"the {backend} backend, for connections between ranks"):
+            super().setup_distributed_backend(backend, init_method, rank, world_size, timeout, device_id)
         self.checkup.check_after_rendezvous(self.device)
 
     def validation_step(self, batch: Any, batch_idx: int) -> None:

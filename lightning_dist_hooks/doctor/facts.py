@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 from lightning_dist_hooks._lightning_internals import PYTORCH_LIGHTNING
 from lightning_dist_hooks.backends import available_backends
 from lightning_dist_hooks.environments import LauncherEnvironment, detect_cluster_environment
+from lightning_dist_hooks.launcher_variables import started_by_an_mpi_launcher
 
 if TYPE_CHECKING:
     from lightning_dist_hooks._lightning_internals import ClusterEnvironment
@@ -63,6 +64,7 @@ def rank_facts(
         "gloo_socket_ifname": os.environ.get("GLOO_SOCKET_IFNAME"),
         "environment": type(environment).__name__,
         "evidence": environment_evidence(type(environment)),
+        "mpi_launched": started_by_an_mpi_launcher(os.environ),
         "backend": backend,
         "backends_available": available_backends(),
         "init_method": init_method,

@@ -3,8 +3,11 @@ actually used may do it."""
 
 from __future__ import annotations
 
+import sys
+from contextlib import nullcontext
 from types import ModuleType
 
+from ..listening_sockets import MPI_LIBRARY, attributing_new_sockets
 from ..supported_versions import SUPPORTED, warn_if_untested
 from ._abort import install_abort_on_failure
 
@@ -31,7 +34,12 @@ def init_mpi() -> ModuleType:
         rank = MPI.COMM_WORLD.Get_rank()
     """
     try:
-        from mpi4py import MPI
+        # MPI's start-up opens what listens for its transport (Open MPI's tcp BTL, unless --mca btl excludes it):
+        # said here, so that the job's warning and the doctor name the MPI library for those sockets. Once started,
+        # importing it again opens nothing, and /proc is not read again.
+        started = "mpi4py.MPI" in sys.modules
+        with nullcontext() if started else attributing_new_sockets(_mpi_library):
+            from mpi4py import MPI
     except ImportError as error:
         raise ImportError(
             f"The 'mpi4py' torch.distributed backend needs the mpi4py package: {INSTALL_HINT}. "
@@ -47,3 +55,13 @@ def init_mpi() -> ModuleType:
         )
     install_abort_on_failure(MPI)
     return MPI
+
+
+def _mpi_library() -> str:
+    """Who opened the sockets MPI's start-up opened: the MPI library, and whose transport it runs."""
+    from mpi4py import MPI
+
+    version = MPI.Get_library_version()
+    if version.startswith("Open MPI"):
+        return f"{MPI_LIBRARY} (Open MPI's tcp transport)"
+    return f"{MPI_LIBRARY} ({version.split(',')[0].strip()}'s transport)"

@@ -16,8 +16,9 @@ from torch.distributed.constants import default_pg_timeout
 from lightning_dist_hooks import _lightning_internals
 from lightning_dist_hooks.bootstrap_plan import BootstrapPlan
 from lightning_dist_hooks.hooks import takes_device_id
-from lightning_dist_hooks.init_methods import InitMethod, Rendezvous, prepare_rendezvous
-from lightning_dist_hooks.process_group.mpi_listeners import warn_if_mpi_listens
+from lightning_dist_hooks.init_methods import InitMethod, Rendezvous, diagnostics_of, prepare_rendezvous
+from lightning_dist_hooks.listening_sockets import attributing_new_sockets
+from lightning_dist_hooks.process_group.mpi_listeners import warn_if_ranks_listen_needlessly
 from lightning_dist_hooks.process_group.progress import missing_ranks_query, rendezvous_progress
 from lightning_dist_hooks.process_group.rendezvous_deadline import rendezvous_deadline
 
@@ -59,6 +60,8 @@ def create_process_group(strategy: Any, plan: BootstrapPlan, hook: Callable[...,
         with (
             rendezvous_progress(rank, world_size, location, timeout, missing),
             rendezvous_deadline(rank, world_size, location, timeout, missing),
+            # What listens from now on and is not MPI's (said inside) nor the TCP store's (known by its port).
+            attributing_new_sockets(lambda: f"the {backend} backend, for connections between ranks"),
         ):
             hook(
                 backend,
@@ -81,7 +84,9 @@ def create_process_group(strategy: Any, plan: BootstrapPlan, hook: Callable[...,
             f"(backend={backend!r}, init_method={rendezvous.init_method!r}): {error}"
         ) from error
     check_default_group(rank, world_size)
-    warn_if_mpi_listens(backend, flavour.rank_zero_warn)
+    main_address = diagnostics_of(handler).main_address(rendezvous.init_method)
+    tcp_store_port = main_address[1] if main_address is not None and rank == 0 else None
+    warn_if_ranks_listen_needlessly(backend, tcp_store_port, flavour.rank_zero_warn)
     flavour.rank_zero_info(
         f"{'-' * 100}\ndistributed_backend={backend}, init_method={rendezvous.init_method}\n"
         f"All distributed processes registered. Starting with {world_size} processes\n{'-' * 100}\n"
