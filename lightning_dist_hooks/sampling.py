@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
 from typing import Any
 
-from torch.utils.data import DataLoader
+from torch.utils.data import DataLoader, Sampler
 
 from lightning_dist_hooks import _lightning_internals
 from lightning_dist_hooks._lightning_internals import Flavour
@@ -34,7 +35,34 @@ def _prepare_with_configure_sampler(self: Any, dataloader: object, shuffle: bool
         ) from error
     if sampler is None:
         return dataloader
+    check_sampler(sampler, configure_sampler, Stage(mode))
     return _lightning_internals.rebuild_dataloader(dataloader, sampler, mode)
+
+
+def check_sampler(sampler: object, hook: Any, stage: Stage) -> None:
+    """Raise ``TypeError`` unless ``sampler`` is what a ``DataLoader`` takes as one: a ``Sampler``, or an iterable of
+    indices (a list, a range, a generator); not a string, a mapping, a number or a ``DataLoader``, which would fail
+    deep inside torch (``new(): invalid data type 'str'``), naming neither the hook nor what it must return.
+
+    >>> from enum import Enum
+    >>> train = Stage(Enum("RunningStage", {"TRAINING": "train"}).TRAINING)
+    >>> check_sampler([2, 0, 1], None, train)
+    >>> check_sampler("random", None, train)
+    Traceback (most recent call last):
+    TypeError: configure_sampler returned 'random' (str) for the train dataloader; it must return a torch.utils.data.Sampler, an iterable of indices, or None (the dataloader as given)
+    """
+    if isinstance(sampler, Sampler) or (
+        isinstance(sampler, Iterable) and not isinstance(sampler, (str, bytes, Mapping, DataLoader))
+    ):
+        return
+    owner = getattr(hook, "__self__", None)
+    of = f" of {type(owner).__name__}" if owner is not None else ""
+    shown = repr(sampler)
+    shown = shown if len(shown) <= 80 else shown[:77] + "..."
+    raise TypeError(
+        f"configure_sampler{of} returned {shown} ({type(sampler).__name__}) for the {stage} dataloader; it must "
+        "return a torch.utils.data.Sampler, an iterable of indices, or None (the dataloader as given)"
+    )
 
 
 def sampler_hook_data_connector(flavour: Flavour, module: str) -> type:

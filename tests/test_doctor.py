@@ -521,6 +521,20 @@ def test_the_console_script_and_the_module_run_the_same_main():
     assert usage.returncode == 2 and "usage: python -m lightning_dist_hooks {doctor}" in usage.stderr
 
 
+def test_the_module_lists_its_commands_with_help_and_says_its_version():
+    from lightning_dist_hooks import __version__
+
+    def run(*arguments: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "lightning_dist_hooks", *arguments], capture_output=True,
+                              text=True, env=job_environment())  # fmt: skip
+
+    listed = run("--help")
+    assert listed.returncode == 0 and listed.stderr == "", listed
+    assert "\n  doctor  check that a job's ranks can meet and all-reduce" in listed.stdout
+    version = run("--version")
+    assert (version.returncode, version.stdout) == (0, f"lightning-dist-hooks {__version__}\n")
+
+
 # A scheme a user registers, written against the public API only: it meets through a FileStore file in the
 # directory it names, and says so through the handler's questions, which is all the doctor asks.
 _USER_SCHEME_DOCTOR = """

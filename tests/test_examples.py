@@ -92,6 +92,19 @@ def test_mpirun_mpi_transport_example_trains_over_mpi_with_no_listening_socket(t
             result.output[-3000:])
 
 
+@pytest.mark.mpi
+@needs_mpi
+def test_mpirun_gloo_mpi_rendezvous_example_trains_with_gloo_meeting_over_mpi(tmp_path):
+    # As its docstring says: mpirun --mca btl self,vader -n 2 python examples/mpirun_gloo_mpi_rendezvous.py
+    example = REPO / "examples" / "mpirun_gloo_mpi_rendezvous.py"
+    command = ["timeout", "150", *openmpi_run(), sys.executable, str(example)]
+    result = run_command(command, cwd=tmp_path, out_dir=tmp_path / "none", timeout=180).assert_ok()
+    assert "store: PrefixStore > PrefixStore > MpiStore" in result.output, result.output[-3000:]
+    assert "ranks=2 backend=gloo init_method=mpi:// weights_equal_on_all_ranks=True" in result.output
+    assert float(re.search(r"final_loss=([\d.]+)", result.output).group(1)) < 0.2
+    assert "yet ranks listen" not in result.output  # shared memory only: nothing for the job's warning
+
+
 # A job's states once it has ended (squeue(1), JOB STATE CODES); before, it is PENDING, RUNNING, COMPLETING...
 SLURM_END_STATES = {"BOOT_FAIL", "CANCELLED", "COMPLETED", "DEADLINE", "FAILED", "NODE_FAIL", "OUT_OF_MEMORY",
                     "PREEMPTED", "TIMEOUT"}

@@ -296,3 +296,51 @@ def test_the_default_sampler_takes_a_stage_as_lightning_takes_its_running_stage(
     for member in stages.TRAINING, stages.PREDICTING:
         ours, lightnings = (lightning_default_sampler(trainer, loader, stage) for stage in (Stage(member), member))
         assert type(ours) is type(lightnings)
+
+
+class ReturnsASampler(PYTORCH_LIGHTNING.ours.LightningModule):
+    """A one-device fit whose ``configure_sampler`` returns ``self.returned`` (issue 36)."""
+
+    def __init__(self, returned):
+        super().__init__()
+        self.layer = torch.nn.Linear(1, 1)
+        self.returned = returned
+
+    def training_step(self, batch, batch_idx):
+        return self.layer(batch).sum()
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    def train_dataloader(self):
+        return DataLoader(torch.ones(4, 1))
+
+    def configure_sampler(self, dataloader, stage):
+        return self.returned(dataloader) if callable(self.returned) else self.returned
+
+
+@pytest.mark.parametrize(("returned", "shown"), [
+    ("random", "'random' (str)"),
+    (5, "5 (int)"),
+    (lambda loader: loader, "<torch.utils.data.dataloader.DataLoader object at 0x"),
+])
+def test_a_configure_sampler_result_that_is_no_sampler_fails_naming_the_hook_the_stage_and_what_it_must_return(
+        returned, shown):
+    trainer = PYTORCH_LIGHTNING.ours.Trainer(accelerator="cpu", devices=1, max_steps=1, logger=False,
+                                             enable_checkpointing=False, enable_progress_bar=False,
+                                             enable_model_summary=False)
+    with pytest.raises(TypeError) as raised:
+        trainer.fit(ReturnsASampler(returned))
+    message = str(raised.value)
+    assert message.startswith(f"configure_sampler of ReturnsASampler returned {shown}"), message
+    assert message.endswith("for the train dataloader; it must return a torch.utils.data.Sampler, an iterable of "
+                            "indices, or None (the dataloader as given)"), message
+
+
+def test_an_iterable_of_indices_is_a_sampler_the_hook_may_return():
+    model = ReturnsASampler([3, 2, 1, 0])
+    trainer = PYTORCH_LIGHTNING.ours.Trainer(accelerator="cpu", devices=1, max_steps=1, logger=False,
+                                             enable_checkpointing=False, enable_progress_bar=False,
+                                             enable_model_summary=False)
+    trainer.fit(model)
+    assert list(trainer.train_dataloader.sampler) == [3, 2, 1, 0]
