@@ -8,8 +8,10 @@ import sys
 COMMANDS = {
     "doctor": (
         "lightning_dist_hooks.doctor",
-        "check that a job's ranks can meet and all-reduce, started exactly as the job (also: "
-        "lightning-dist-hooks-doctor)",
+        (
+            "check that a job's ranks can meet and all-reduce, started exactly as the job (also: "
+            "lightning-dist-hooks-doctor)"
+        ),
     ),
 }
 USAGE = f"usage: python -m lightning_dist_hooks {{{','.join(COMMANDS)}}} [--help] | --help | --version"
