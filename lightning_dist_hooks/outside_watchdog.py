@@ -34,6 +34,7 @@ import signal
 import subprocess
 import sys
 import time
+import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
@@ -90,9 +91,22 @@ class OutsideWatchdog:
 
 
 @contextmanager
-def watched_from_outside(wait: WatchedWait, first_phase: str) -> Iterator[OutsideWatchdog]:
-    """A watchdog for the body's wait, starting in ``first_phase``; stopped when the body ends, however it ends."""
-    watchdog = OutsideWatchdog(wait, first_phase)
+def watched_from_outside(wait: WatchedWait, first_phase: str) -> Iterator[OutsideWatchdog | None]:
+    """A watchdog for the body's wait, starting in ``first_phase``; stopped when the body ends, however it ends.
+
+    Yields None, after a warning, where no process can be started (a process limit reached, no ``sys.executable``):
+    the wait is then watched as before, by the rank's own threads, rather than failing the job for it."""
+    try:
+        watchdog = OutsideWatchdog(wait, first_phase)
+    except OSError as error:
+        warnings.warn(
+            f"{_PREFIX} could not start the watchdog outside this rank ({error}): while MPI starts, this rank "
+            "cannot report nor end itself at the timeout",
+            RuntimeWarning,
+            stacklevel=3,
+        )
+        yield None
+        return
     try:
         yield watchdog
     finally:

@@ -57,3 +57,18 @@ def test_a_wait_that_ends_in_time_hears_nothing_from_the_watchdog_which_is_gone(
     assert finished.stdout.splitlines() == ["the wait ended", "still here"]
     assert "lightning_dist_hooks" not in finished.stderr
     assert elapsed_s < 30
+
+
+@pytest.mark.unit
+def test_a_watchdog_that_cannot_start_warns_and_leaves_the_wait_to_the_ranks_own_threads(monkeypatch):
+    from lightning_dist_hooks import outside_watchdog
+
+    def no_process(*args, **kwargs):
+        raise BlockingIOError(11, "Resource temporarily unavailable")
+
+    monkeypatch.setattr(outside_watchdog.subprocess, "Popen", no_process)
+    wait = outside_watchdog.WatchedWait(rank=0, world_size=2, place="test://", timeout_s=1.0, report_at=(),
+                                        deadline_s=2.0, launcher="TEST_RANK=0")
+    with pytest.warns(RuntimeWarning, match=r"could not start the watchdog outside this rank \(\[Errno 11\]"):
+        with outside_watchdog.watched_from_outside(wait, "a phase") as watchdog:
+            assert watchdog is None
