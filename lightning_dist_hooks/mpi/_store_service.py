@@ -69,9 +69,10 @@ class PollPauses:
     """How long the service thread sleeps between polls: ``first`` after any traffic, doubling up to ``active``
     while this rank asked or was asked something in the last second, then up to the idle pause.
 
-    Both grow with the ranks that share each core of this node: ranks polling on an oversubscribed node take the
-    cores from the ranks whose answers they wait for (128 ranks on 2 cores spent 46 % of their CPU time polling
-    at a 20 us first pause). With a core per rank the pauses are the shortest."""
+    Both grow with the ranks that share each core of this node, so that the idle ranks of an oversubscribed node do
+    not poll the cores away from the ranks whose answers they wait for; with a core per rank the pauses are the
+    shortest. On the 2-core machine the benchmark ran on, answering rather than polling took the cores, and this
+    changed the time to a first barrier by less than the noise (docs/benchmarks.md, "The mpi:// store")."""
 
     first: float
     active: float
