@@ -298,25 +298,12 @@ def test_the_default_sampler_takes_a_stage_as_lightning_takes_its_running_stage(
         assert type(ours) is type(lightnings)
 
 
-class ReturnsASampler(PYTORCH_LIGHTNING.ours.LightningModule):
-    """A one-device fit whose ``configure_sampler`` returns ``self.returned`` (issue 36)."""
-
-    def __init__(self, returned):
-        super().__init__()
-        self.layer = torch.nn.Linear(1, 1)
-        self.returned = returned
-
-    def training_step(self, batch, batch_idx):
-        return self.layer(batch).sum()
-
-    def configure_optimizers(self):
-        return torch.optim.SGD(self.parameters(), lr=0.1)
-
-    def train_dataloader(self):
-        return DataLoader(torch.ones(4, 1))
-
+def returning_a_sampler(returned):
+    """A one-device fit's module whose ``configure_sampler`` returns ``returned`` (called on the loader if callable)."""
     def configure_sampler(self, dataloader, stage):
-        return self.returned(dataloader) if callable(self.returned) else self.returned
+        return returned(dataloader) if callable(returned) else returned
+
+    return module_class(PYTORCH_LIGHTNING, configure_sampler=configure_sampler)()
 
 
 @pytest.mark.parametrize(("returned", "shown"), [
@@ -330,15 +317,15 @@ def test_a_configure_sampler_result_that_is_no_sampler_fails_naming_the_hook_the
                                              enable_checkpointing=False, enable_progress_bar=False,
                                              enable_model_summary=False)
     with pytest.raises(TypeError) as raised:
-        trainer.fit(ReturnsASampler(returned))
+        trainer.fit(returning_a_sampler(returned))
     message = str(raised.value)
-    assert message.startswith(f"configure_sampler of ReturnsASampler returned {shown}"), message
+    assert message.startswith(f"configure_sampler of Model returned {shown}"), message
     assert message.endswith("for the train dataloader; it must return a torch.utils.data.Sampler, an iterable of "
                             "indices, or None (the dataloader as given)"), message
 
 
 def test_an_iterable_of_indices_is_a_sampler_the_hook_may_return():
-    model = ReturnsASampler([3, 2, 1, 0])
+    model = returning_a_sampler([3, 2, 1, 0])
     trainer = PYTORCH_LIGHTNING.ours.Trainer(accelerator="cpu", devices=1, max_steps=1, logger=False,
                                              enable_checkpointing=False, enable_progress_bar=False,
                                              enable_model_summary=False)

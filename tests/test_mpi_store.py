@@ -12,6 +12,7 @@ import json
 import re
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -102,6 +103,17 @@ class TableStore:
         return self._one("queue_len", [key])
 
 
+def outcomes(operations: list[Callable[[], Any]]) -> list[Any]:
+    """Each operation's result, or the class name of what it raised, in turn."""
+    results = []
+    for operation in operations:
+        try:
+            results.append(operation())
+        except Exception as error:
+            results.append(type(error).__name__)
+    return results
+
+
 def apply_in_turn(store: Any) -> list[Any]:
     """The same operations, each one's result or error class, on ``store`` (HashStore or TableStore)."""
     operations = [
@@ -147,13 +159,7 @@ def apply_in_turn(store: Any) -> list[Any]:
         lambda: store.multi_get(["nul\x00 ünï", ""]),
         lambda: store.num_keys(),
     ]
-    results = []
-    for operation in operations:
-        try:
-            results.append(operation())
-        except Exception as error:
-            results.append(type(error).__name__)
-    return results
+    return outcomes(operations)
 
 
 @pytest.mark.unit
@@ -188,13 +194,7 @@ def queue_steps(store: Any) -> list[Any]:
         lambda: store.check(["k"]),
         lambda: sorted(store.list_keys()),
     ]
-    results = []
-    for operation in operations:
-        try:
-            results.append(operation())
-        except Exception as error:
-            results.append(type(error).__name__)
-    return results
+    return outcomes(operations)
 
 
 @pytest.mark.unit
