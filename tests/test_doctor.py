@@ -189,6 +189,21 @@ def test_gloo_through_mpi_under_plain_mpirun_names_open_mpis_tcp_transport_not_g
     assert "every check passed" not in run.stdout
 
 
+@pytest.mark.mpi
+@needs_mpi
+def test_the_mpi_transport_through_a_tcp_store_is_warned_of_the_store_not_of_open_mpi(tmp_path, free_port):
+    run = run_doctor("--backend", "mpi", "--init-method", f"tcp://127.0.0.1:{free_port}", "--json", cwd=tmp_path,
+                     launcher=tuple(openmpi_run()))
+    document = assert_healthy(run, "OpenMPIEnvironment", warned=frozenset({"mpi-sockets"}))
+    store = {"socket": f"[::]:{free_port}", "opened_by": "torch's TCPStore, the rendezvous store rank 0 serves"}
+    assert document["ranks"][0]["listening"] == [store] and document["ranks"][1]["listening"] == []
+    verdict = run.verdicts()["mpi-sockets"]
+    assert verdict["message"] == (
+        f"torch_dist_backend='mpi4py' rank 0 serves a TCP rendezvous store (rank 0: [::]:{free_port}), reachable by "
+        "anyone who can reach its node, though MPI already knows every rank")
+    assert verdict["fix"] == "torch_dist_init_method='mpi://': the ranks meet over MPI, and no store listens"
+
+
 @pytest.mark.cluster
 def test_srun(slurm_cluster, tmp_path, rendezvous_dir):
     run = run_doctor("--init-method", f"file://{rendezvous_dir}/", "--json", cwd=tmp_path, env=slurm_environment(),
