@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 import time
 from collections.abc import Callable
+from contextlib import nullcontext
 from datetime import timedelta
 from multiprocessing.util import Finalize
 from typing import Any
@@ -18,7 +19,7 @@ from lightning_dist_hooks.bootstrap_plan import BootstrapPlan
 from lightning_dist_hooks.hooks import takes_device_id
 from lightning_dist_hooks.init_methods import InitMethod, Rendezvous, diagnostics_of, prepare_rendezvous
 from lightning_dist_hooks.listening_sockets import attributing_new_sockets
-from lightning_dist_hooks.process_group.mpi_listeners import warn_if_ranks_listen_needlessly
+from lightning_dist_hooks.process_group.mpi_listeners import listeners_are_reported, warn_if_ranks_listen_needlessly
 from lightning_dist_hooks.process_group.progress import missing_ranks_query, rendezvous_progress
 from lightning_dist_hooks.process_group.rendezvous_deadline import rendezvous_deadline
 
@@ -60,8 +61,11 @@ def create_process_group(strategy: Any, plan: BootstrapPlan, hook: Callable[...,
         with (
             rendezvous_progress(rank, world_size, location, timeout, missing),
             rendezvous_deadline(rank, world_size, location, timeout, missing),
-            # What listens from now on and is not MPI's (said inside) nor the TCP store's (known by its port).
-            attributing_new_sockets(lambda: f"the {backend} backend, for connections between ranks"),
+            # What listens from now on and is not MPI's (said inside) nor the TCP store's (known by its port); /proc
+            # is read only where the warning below may speak.
+            attributing_new_sockets(lambda: f"the {backend} backend, for connections between ranks")
+            if listeners_are_reported(backend)
+            else nullcontext(),
         ):
             hook(
                 backend,

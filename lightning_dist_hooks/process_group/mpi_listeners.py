@@ -47,6 +47,11 @@ def own_listeners(tcp_store_port: int | None) -> list[Opened]:
     return [(address, opener) for address, opener in found if not is_launchers(opener)]
 
 
+def listeners_are_reported(backend: str) -> bool:
+    """Whether this job's listeners are told of (and so worth attributing): an MPI backend or launcher."""
+    return backend in MPI_BACKENDS or started_by_an_mpi_launcher(os.environ)
+
+
 def warn_if_ranks_listen_needlessly(backend: str, tcp_store_port: int | None, warn: Callable[[str], None]) -> None:
     """Collective over the default group, on every rank, under an MPI backend or launcher: ``warn`` (on rank 0)
     names every rank's own listening sockets and who opened them, if a setting would close some (see the module's
@@ -54,7 +59,7 @@ def warn_if_ranks_listen_needlessly(backend: str, tcp_store_port: int | None, wa
 
         warn_if_ranks_listen_needlessly("gloo", None, flavour.rank_zero_warn)   # right after init_process_group
     """
-    if backend not in MPI_BACKENDS and not started_by_an_mpi_launcher(os.environ):
+    if not listeners_are_reported(backend):
         return
     gathered: list[tuple[str, list[Opened]] | None] = [None] * dist.get_world_size()
     dist.all_gather_object(gathered, (socket.gethostname(), own_listeners(tcp_store_port)))
