@@ -24,7 +24,7 @@ setup(
         "lightning": [supported["lightning"]],
         # LightningCLI's parser, at the version pytorch-lightning's own "extra" asks for.
         "cli": ["jsonargparse[signatures]>=4.39.0"],
-        "test": ["pytest>=8", "pytest-timeout>=2.3", "matplotlib>=3.7", supported["lightning"],
+        "test": ["pytest>=8", "pytest-timeout>=2.3", "matplotlib>=3.7", "expecttest>=0.2", supported["lightning"],
                  "jsonargparse[signatures]>=4.39.0"],
         "lint": ["ruff==0.17.6", "mypy==2.4.1"],
     },

@@ -204,16 +204,19 @@ def test_collectives_keep_their_issue_order_across_the_queue(collectives_job: Co
 @pytest.mark.slow
 @pytest.mark.mpi
 @needs_mpi
-def test_reductions_and_fsdp_training_are_bitwise_equal_to_gloo(collectives_job: CollectivesJob) -> None:
+def test_reductions_sparse_ones_and_ddp_and_fsdp_training_are_bitwise_equal_to_gloo(
+    collectives_job: CollectivesJob,
+) -> None:
     output = collectives_job.output[-8000:]
     assert set(collectives_job.reports) == {0, 1}, output
     for rank, lines in collectives_job.reports.items():
         assert not [line for line in lines if "MISMATCH" in line], output
-        results = [re.fullmatch(rf"rank {rank}: (\d+) comparisons \((\d+) FSDP parameters\), (\d+) bitwise equal", line)
-                   for line in lines]
-        (total, fsdp, equal), = [tuple(map(int, found.groups())) for found in results if found]
+        results = [re.fullmatch(rf"rank {rank}: (\d+) comparisons \((\d+) FSDP parameters, (\d+) sparse\), "
+                                r"(\d+) bitwise equal", line) for line in lines]  # fmt: skip
+        (total, fsdp, sparse, equal), = [tuple(map(int, found.groups())) for found in results if found]
         assert total == equal > 60
         assert fsdp == 8  # weight and bias of two layers, for FSDP1 and FSDP2
+        assert sparse == 5  # two sparse all-reduces; DDP's embedding weight and its linear layer's weight and bias
 
 
 def _train_and_inspect_sockets(backend: str, tmp_path: Path) -> tuple[dict[str, torch.Tensor], dict[int, set[int]]]:
@@ -279,9 +282,14 @@ def test_an_mpi_error_ends_the_job_at_once_saying_so(mode: str, shape: str) -> N
 @pytest.mark.mpi
 @pytest.mark.compat
 @needs_mpi
-def test_lightning_trainer_fits_on_the_mpi4py_backend(tmp_path: Path) -> None:
-    job = run_mpi("lightning_fit.py", str(tmp_path))
+def test_lightning_trainer_fits_on_the_mpi4py_backend_and_its_profiler_shows_the_communication(tmp_path: Path) -> None:
+    job = run_mpi("lightning_fit.py", str(tmp_path), "--profile")
     assert job.returncode == 0, job.output[-8000:]
+    for rank in (0, 1):
+        (trace,) = tmp_path.glob(f"fit-profile-{rank}-*.pt.trace.json")  # Lightning's PyTorchProfiler, Chrome format
+        events = {event["name"] for event in json.loads(trace.read_text())["traceEvents"] if "name" in event}
+        # DDP's gradient buckets and sync_dist (all_reduce), DDP's start-up (broadcast), Lightning's barriers
+        assert {"mpi4py:all_reduce", "mpi4py:broadcast", "mpi4py:barrier"} <= events, sorted(events)[:50]
     records = [json.loads((tmp_path / f"rank{rank}.json").read_text()) for rank in (0, 1)]
     for record in records:
         assert record["backend"] == "mpi4py"

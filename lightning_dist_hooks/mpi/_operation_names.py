@@ -1,6 +1,7 @@
-"""How the watchdog's messages name an operation: ``allreduce(SUM) of float32[1024]``, ``barrier``.
+"""The transport's name, and how the watchdog's messages name an operation: ``allreduce(SUM) of float32[1024]``,
+``barrier``.
 
-An operation is named only when it timed out or failed, so the process group passes these functions (and their
+An operation is described only when it timed out or failed, so the process group passes these functions (and their
 arguments) along instead of the text: formatting costs more than a small collective.
 """
 
@@ -10,6 +11,9 @@ from collections.abc import Sequence
 
 import torch
 from torch.distributed import ReduceOp
+
+# The name the transport registers with torch, reports as its backend and prefixes its profiler events with.
+BACKEND_NAME = "mpi4py"
 
 
 def describe_tensors(tensors: Sequence[torch.Tensor]) -> str:

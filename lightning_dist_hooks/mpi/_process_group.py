@@ -21,7 +21,7 @@ from torch.distributed import ReduceOp
 
 from ._direct_allreduce import DirectTarget, direct_target
 from ._engine import ProgressEngine
-from ._operation_names import describe_allreduce, describe_barrier, describe_tensors, reduce_op_name
+from ._operation_names import BACKEND_NAME, describe_allreduce, describe_barrier, describe_tensors, reduce_op_name
 from ._operation_parts import (
     Part,
     all_gather_single_part,
@@ -40,12 +40,13 @@ from ._operation_parts import (
 )
 from ._operation_records import MpiCall
 from ._routed_group import RoutedGroup
+from ._sparse_parts import check_sparse_allreduce, sparse_sizes_part, sparse_sum_parts
 from ._work import completed_work
 
 if TYPE_CHECKING:
     from mpi4py import MPI
 
-BACKEND_NAME = "mpi4py"
+__all__ = ["BACKEND_NAME", "MpiProcessGroup"]
 
 
 class MpiProcessGroup(RoutedGroup):
@@ -120,9 +121,33 @@ class MpiProcessGroup(RoutedGroup):
                         finish(tensor)
                     return completed_work(tensors)
                 call = MpiCall("Allreduce", (self._mpi.IN_PLACE, values, mpi_op), (tensor,))
-                return self._queue(started, tensors, [call], None if finish is None else partial(finish, tensor), opts)
+                finish_tensor = None if finish is None else partial(finish, tensor)
+                return self._queue("all_reduce", started, tensors, tensors, [call], finish_tensor, opts)
+        if any(tensor.is_sparse for tensor in tensors):
+            return self._sparse_allreduce(tensors, opts)
         parts = [allreduce_part(self._mpi, self._size, tensor, opts.reduceOp) for tensor in tensors]
-        return self._run(partial(describe_allreduce, opts.reduceOp, tensors), tensors, parts, opts)
+        return self._run(
+            "all_reduce", partial(describe_allreduce, opts.reduceOp, tensors), tensors, tensors, parts, opts
+        )
+
+    def _sparse_allreduce(self, tensors: list[torch.Tensor], opts: dist.AllreduceOptions) -> dist.Work:
+        """Sum sparse COO tensors as gloo does (``_sparse_parts``): the entry counts first, then the entries."""
+        check_sparse_allreduce(tensors, opts.reduceOp)
+        counts, size_parts = zip(*(sparse_sizes_part(self._mpi, self._size, tensor) for tensor in tensors), strict=True)
+        counts_first = dist.AllreduceOptions()
+        counts_first.asyncOp = False  # the entries' step needs the counts
+
+        def describe_counts() -> str:
+            return f"entry counts of the sparse allreduce of {describe_tensors(tensors)}"
+
+        self._run("sparse_all_reduce_sizes", describe_counts, tensors, list(counts), list(size_parts), counts_first)
+        parts = [part for tensor, count in zip(tensors, counts, strict=True)
+                 for part in sparse_sum_parts(self._mpi, tensor, count)]  # fmt: skip
+
+        def describe() -> str:
+            return f"sparse allreduce(SUM) of {describe_tensors(tensors)}"
+
+        return self._run("sparse_all_reduce", describe, tensors, tensors, parts, opts)
 
     def allreduce_coalesced(
         self, tensors: list[torch.Tensor], opts: dist.AllreduceCoalescedOptions | None = None
@@ -133,21 +158,53 @@ class MpiProcessGroup(RoutedGroup):
         opts = opts or dist.BroadcastOptions()
         root = opts.rootRank
         parts = broadcast_parts(self._mpi, self._rank, tensors, root)
-        return self._run(lambda: f"broadcast from rank {root} of {describe_tensors(tensors)}", tensors, parts, opts)
+
+        def describe() -> str:
+            return f"broadcast from rank {root} of {describe_tensors(tensors)}"
+
+        return self._run("broadcast", describe, tensors, tensors, parts, opts)
 
     def allgather(  # type: ignore[override]
         self, output_lists: list[list[torch.Tensor]], inputs: list[torch.Tensor], opts: AllgatherOptions | None = None
     ) -> dist.Work:
         parts = allgather_parts(self._mpi, self._size, output_lists, inputs)
         all_outputs = [tensor for outputs in output_lists for tensor in outputs]
-        return self._run(lambda: f"allgather of {describe_tensors(inputs)}", all_outputs, parts, opts)
+        return self._run(
+            "all_gather", lambda: f"allgather of {describe_tensors(inputs)}", inputs, all_outputs, parts, opts
+        )
+
+    def allgather_coalesced(
+        self,
+        output_lists: list[list[torch.Tensor]],
+        inputs: list[torch.Tensor],
+        opts: AllgatherOptions | None = None,
+    ) -> dist.Work:
+        """``all_gather_coalesced``: ``output_lists[rank][i]`` receives ``inputs[i]`` of each rank."""
+        if len(output_lists) != self._size:
+            raise ValueError(
+                f"all_gather_coalesced: output_tensor_lists needs one list per rank ({self._size}), got "
+                f"{len(output_lists)}."
+            )
+        per_input = [[outputs[index] for outputs in output_lists] for index in range(len(inputs))]
+        parts = allgather_parts(self._mpi, self._size, per_input, inputs)
+        all_outputs = [tensor for outputs in output_lists for tensor in outputs]
+
+        def describe() -> str:
+            return f"coalesced allgather of {describe_tensors(inputs)}"
+
+        return self._run("all_gather", describe, inputs, all_outputs, parts, opts)
 
     def all_gather_single(
         self, output: torch.Tensor, input_tensor: torch.Tensor, opts: AllgatherOptions | None = None
     ) -> dist.Work:
         part = all_gather_single_part(self._mpi, self._size, output, input_tensor)
         return self._run(
-            lambda: f"all_gather_into_tensor of {describe_tensors([input_tensor])}", [output], [part], opts
+            "all_gather_into_tensor",
+            lambda: f"all_gather_into_tensor of {describe_tensors([input_tensor])}",
+            [input_tensor],
+            [output],
+            [part],
+            opts,
         )
 
     _allgather_base = all_gather_single  # type: ignore[assignment]
@@ -159,7 +216,12 @@ class MpiProcessGroup(RoutedGroup):
             all_gather_single_part(self._mpi, self._size, out, inp) for out, inp in zip(outputs, inputs, strict=True)
         ]
         return self._run(
-            lambda: f"coalesced all_gather_into_tensor of {describe_tensors(inputs)}", outputs, parts, opts
+            "all_gather_into_tensor_coalesced",
+            lambda: f"coalesced all_gather_into_tensor of {describe_tensors(inputs)}",
+            inputs,
+            outputs,
+            parts,
+            opts,
         )
 
     def gather(  # type: ignore[override]
@@ -168,7 +230,9 @@ class MpiProcessGroup(RoutedGroup):
         opts = opts or dist.GatherOptions()
         root, (tensor,) = opts.rootRank, inputs
         outputs, part = gather_part(self._mpi, self._rank, self._size, output_lists, tensor, root)
-        return self._run(lambda: f"gather to rank {root} of {describe_tensors(inputs)}", outputs, [part], opts)
+        return self._run(
+            "gather", lambda: f"gather to rank {root} of {describe_tensors(inputs)}", inputs, outputs, [part], opts
+        )
 
     def scatter(  # type: ignore[override]
         self,
@@ -179,16 +243,23 @@ class MpiProcessGroup(RoutedGroup):
         opts = opts or dist.ScatterOptions()
         root, (output,) = opts.rootRank, outputs
         part = scatter_part(self._mpi, self._rank, self._size, output, input_lists, root)
-        return self._run(lambda: f"scatter from rank {root} of {describe_tensors(outputs)}", outputs, [part], opts)
+        scattered = [tensor for inputs in input_lists for tensor in inputs]
+
+        def describe() -> str:
+            return f"scatter from rank {root} of {describe_tensors(outputs)}"
+
+        return self._run("scatter", describe, scattered, outputs, [part], opts)
 
     def reduce(self, tensors: list[torch.Tensor], opts: dist.ReduceOptions | None = None) -> dist.Work:  # type: ignore[override]
         opts = opts or dist.ReduceOptions()
         root, (tensor,) = opts.rootRank, tensors
         part = reduce_part(self._mpi, self._rank, self._size, tensor, opts.reduceOp, root)
         op_name = reduce_op_name(opts.reduceOp)
-        return self._run(
-            lambda: f"reduce({op_name}) to rank {root} of {describe_tensors(tensors)}", tensors, [part], opts
-        )
+
+        def describe() -> str:
+            return f"reduce({op_name}) to rank {root} of {describe_tensors(tensors)}"
+
+        return self._run("reduce", describe, tensors, tensors, [part], opts)
 
     def reduce_scatter(  # type: ignore[override]
         self,
@@ -200,7 +271,11 @@ class MpiProcessGroup(RoutedGroup):
         (output,), (inputs,) = outputs, input_lists
         part = reduce_scatter_part(self._mpi, self._size, output, inputs, opts.reduceOp)
         op_name = reduce_op_name(opts.reduceOp)
-        return self._run(lambda: f"reduce_scatter({op_name}) of {describe_tensors(outputs)}", outputs, [part], opts)
+
+        def describe() -> str:
+            return f"reduce_scatter({op_name}) of {describe_tensors(outputs)}"
+
+        return self._run("reduce_scatter", describe, inputs, outputs, [part], opts)
 
     def reduce_scatter_single(
         self, output: torch.Tensor, input_tensor: torch.Tensor, opts: dist.ReduceScatterOptions | None = None
@@ -212,7 +287,7 @@ class MpiProcessGroup(RoutedGroup):
         def describe() -> str:
             return f"reduce_scatter_tensor({op_name}) of {describe_tensors([input_tensor])}"
 
-        return self._run(describe, [output], [part], opts)
+        return self._run("reduce_scatter_tensor", describe, [input_tensor], [output], [part], opts)
 
     _reduce_scatter_base = reduce_scatter_single  # type: ignore[assignment]
 
@@ -229,7 +304,7 @@ class MpiProcessGroup(RoutedGroup):
         def describe() -> str:
             return f"coalesced reduce_scatter_tensor({op_name}) of {describe_tensors(inputs)}"
 
-        return self._run(describe, outputs, parts, opts)
+        return self._run("reduce_scatter_tensor_coalesced", describe, inputs, outputs, parts, opts)
 
     def all_to_all_single(  # type: ignore[override]
         self,
@@ -242,38 +317,61 @@ class MpiProcessGroup(RoutedGroup):
         part = all_to_all_single_part(
             self._mpi, self._size, output, input_tensor, output_split_sizes, input_split_sizes
         )
-        return self._run(lambda: f"all_to_all_single of {describe_tensors([input_tensor])}", [output], [part], opts)
+
+        def describe() -> str:
+            return f"all_to_all_single of {describe_tensors([input_tensor])}"
+
+        return self._run("all_to_all", describe, [input_tensor], [output], [part], opts)
 
     def alltoall(  # type: ignore[override]
         self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts: dist.AllToAllOptions | None = None
     ) -> dist.Work:
         part = alltoall_part(self._mpi, outputs, inputs)
-        return self._run(lambda: f"alltoall of {describe_tensors(inputs)}", outputs, [part], opts)
+        return self._run("all_to_all", lambda: f"alltoall of {describe_tensors(inputs)}", inputs, outputs, [part], opts)
 
     def barrier(self, opts: dist.BarrierOptions | None = None) -> dist.Work:  # type: ignore[override]
         if self._runs_here(opts, 0):  # dist.barrier(): Lightning's sync_dist runs one per metric
             self._engine.call_blocking((time.monotonic(), self._watch, describe_barrier), self._comm.Barrier)
             return completed_work([])
-        return self._run(describe_barrier, [], [Part(MpiCall("Barrier", (), ()))], opts)
+        return self._run("barrier", describe_barrier, [], [], [Part(MpiCall("Barrier", (), ()))], opts)
+
+    def monitored_barrier(self, timeout: timedelta | None = None, wait_all_ranks: bool = False) -> None:
+        """Refused, naming what to use instead: torch implements the monitored barrier for gloo only, and an MPI
+        barrier can neither time out nor be cancelled, so it cannot report the ranks that did not arrive."""
+        del timeout, wait_all_ranks
+        raise RuntimeError(
+            "monitored_barrier: the mpi4py backend has none (torch implements it for gloo only, and an MPI barrier "
+            "can neither time out nor be cancelled). barrier() on this group is watched instead: one still waiting "
+            "after the group's timeout ends the job with a message naming it. To learn within a timeout which "
+            'ranks did not arrive, use a gloo group: dist.new_group(backend="gloo").monitored_barrier(timeout).'
+        )
 
     # --- point to point (always non-blocking: blocking sends could deadlock send/send pairs) ---------------
 
     def send(self, tensors: list[torch.Tensor], dst_rank: int, tag: int) -> dist.Work:
         parts = send_parts(self._mpi, self._comm, tensors, dst_rank, tag)
-        return self._post(lambda: f"send to rank {dst_rank} (tag {tag}) of {describe_tensors(tensors)}", tensors, parts)
+
+        def describe() -> str:
+            return f"send to rank {dst_rank} (tag {tag}) of {describe_tensors(tensors)}"
+
+        return self._post("send", describe, tensors, parts)
 
     def recv(self, tensors: list[torch.Tensor], src_rank: int, tag: int) -> dist.Work:
         def describe() -> str:
             return f"recv from rank {src_rank} (tag {tag}) of {describe_tensors(tensors)}"
 
-        return self._post(describe, tensors, recv_parts(self._mpi, self._comm, tensors, src_rank, tag))
+        return self._post("recv", describe, tensors, recv_parts(self._mpi, self._comm, tensors, src_rank, tag))
 
     def recv_anysource(self, tensors: list[torch.Tensor], tag: int) -> dist.Work:
         def describe() -> str:
             return f"recv from any rank (tag {tag}) of {describe_tensors(tensors)}"
 
         return self._post(
-            describe, tensors, recv_parts(self._mpi, self._comm, tensors, self._mpi.ANY_SOURCE, tag), wants_source=True
+            "recvAnySource",
+            describe,
+            tensors,
+            recv_parts(self._mpi, self._comm, tensors, self._mpi.ANY_SOURCE, tag),
+            wants_source=True,
         )
 
     def _add_direct_target(self, op_code: int, reduce_op: ReduceOp, dtype: torch.dtype) -> DirectTarget | None:

@@ -30,6 +30,7 @@ from ._collective_queue import CollectiveQueue
 from ._engine import ProgressEngine
 from ._operation_parts import Part, finish_all
 from ._operation_records import BlockingCall, GroupWatch, MpiCall, deadline_of
+from ._profiler_events import profiler_active, start_event
 from ._work import QueuedWork, RequestWork, completed_work
 
 if TYPE_CHECKING:
@@ -84,12 +85,17 @@ class RoutedGroup(dist.ProcessGroup):
 
     def _run(
         self,
+        operation: str,
         describe: Callable[[], str],
+        inputs: Sequence[torch.Tensor],
         outputs: list[torch.Tensor],
         parts: Sequence[Part],
         opts: _Options | None = None,
     ) -> dist.Work:
-        """Run a collective: on this thread when the caller waits for it anyway or when it is small, else queued."""
+        """Run a collective: on this thread when the caller waits for it anyway or when it is small, else queued.
+
+        ``operation`` names it for the profiler (``_profiler_events``), ``describe`` for the watchdog's messages.
+        """
         if len(parts) == 1:  # the common case, kept cheap
             calls, finish = [parts[0].call], parts[0].finish
         else:
@@ -99,26 +105,31 @@ class RoutedGroup(dist.ProcessGroup):
             if finish is not None:
                 finish()
             return completed_work(outputs)
-        return self._queue((time.monotonic(), self._watch, describe), outputs, calls, finish, opts)
+        return self._queue(operation, (time.monotonic(), self._watch, describe), inputs, outputs, calls, finish, opts)
 
     def _runs_here(self, opts: _Options | None, payload_bytes: int) -> bool:
         """Whether a collective runs on the caller's thread: the caller waits for it anyway, or it is too small to
-        be worth a thread hand-off; and nothing queued before it is still to run (MPI's order is the issue order)."""
+        be worth a thread hand-off; and nothing queued before it is still to run (MPI's order is the issue order).
+        While a profiler runs, every collective is queued: its event then ends on the queue's thread, and the
+        profiler files it as asynchronous, as it files other backends' communication (``_profiler_events``)."""
         # ``asyncOp`` is False only when torch.distributed's Python API waits right after the call; C++ callers
         # (DDP's reducer) and async_op=True leave it True.
         wanted_here = (opts is not None and not opts.asyncOp) or payload_bytes <= EAGER_COLLECTIVE_BYTES
-        return wanted_here and self._collectives.is_idle()
+        return wanted_here and self._collectives.is_idle() and not profiler_active()
 
     def _queue(
         self,
+        operation: str,
         started: BlockingCall,
+        inputs: Sequence[torch.Tensor],
         outputs: list[torch.Tensor],
         calls: Sequence[MpiCall],
         finish: Callable[[], object] | None,
         opts: _Options | None,
     ) -> dist.Work:
         """Hand a collective to the group's queue thread; wait for it if the caller asked to."""
-        work = QueuedWork(outputs, deadline_of(started), finish, calls)
+        event = start_event(operation, inputs) if profiler_active() else None
+        work = QueuedWork(outputs, deadline_of(started), finish, calls, event)
         self._collectives.submit(work)
         if opts is not None and not opts.asyncOp:  # a blocking collective issued behind queued ones
             work.wait()
@@ -126,16 +137,17 @@ class RoutedGroup(dist.ProcessGroup):
 
     def _post(
         self,
+        operation: str,
         describe: Callable[[], str],
-        outputs: list[torch.Tensor],
+        tensors: list[torch.Tensor],
         parts: Sequence[Part],
         *,
         wants_source: bool = False,
     ) -> dist.Work:
         """Post a point-to-point operation as non-blocking requests (blocking ones could deadlock send/send)."""
-        work = RequestWork(
-            self._engine, outputs, deadline_of((time.monotonic(), self._watch, describe)), finish_all(parts)
-        )
+        event = start_event(operation, tensors) if profiler_active() else None
+        deadline = deadline_of((time.monotonic(), self._watch, describe))
+        work = RequestWork(self._engine, tensors, deadline, finish_all(parts), event)
         if wants_source:
             work.want_source(self._mpi)
         self._engine.post(work, self._comm, [part.call for part in parts])

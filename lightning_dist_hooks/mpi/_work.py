@@ -23,6 +23,7 @@ import torch
 import torch.distributed as dist
 
 from ._operation_records import Deadline, MpiCall
+from ._profiler_events import ProfilerEvent, end_event
 
 if TYPE_CHECKING:
     from mpi4py import MPI
@@ -74,9 +75,16 @@ class PendingWork(dist.Work):
     tensors also when nobody calls ``wait()``.
     """
 
-    def __init__(self, outputs: list[torch.Tensor], deadline: Deadline, finish: Callable[[], object] | None) -> None:
+    def __init__(
+        self,
+        outputs: list[torch.Tensor],
+        deadline: Deadline,
+        finish: Callable[[], object] | None,
+        event: ProfilerEvent | None,
+    ) -> None:
         super().__init__()
         self.deadline = deadline
+        self._event = event  # the profiler's, ended when the operation completes; None without a profiler
         self._outputs = outputs
         self._finish = finish
         self._done = False
@@ -110,6 +118,8 @@ class PendingWork(dist.Work):
                 self._finish()
         except Exception as error:  # surfaced through wait() and the future, like a failed collective
             self._error = error
+        if self._event is not None:
+            end_event(self._event)
         self._done = True
 
     def publish(self) -> None:
@@ -128,8 +138,9 @@ class QueuedWork(PendingWork):
         deadline: Deadline,
         finish: Callable[[], object] | None,
         calls: Sequence[MpiCall],
+        event: ProfilerEvent | None,
     ) -> None:
-        super().__init__(outputs, deadline, finish)
+        super().__init__(outputs, deadline, finish, event)
         self.calls = calls  # keeps the tensors the MPI calls point at alive until they ran
 
     def wait(self, timeout: timedelta = timedelta(0)) -> bool:
@@ -151,9 +162,10 @@ class RequestWork(PendingWork):
         engine: ProgressEngine,
         outputs: list[torch.Tensor],
         deadline: Deadline,
-        finish: Callable[[], object] | None = None,
+        finish: Callable[[], object] | None,
+        event: ProfilerEvent | None,
     ) -> None:
-        super().__init__(outputs, deadline, finish)
+        super().__init__(outputs, deadline, finish, event)
         self._engine = engine
         self._calls: Sequence[MpiCall] = ()
         self._requests: list[MPI.Request] = []
@@ -161,7 +173,7 @@ class RequestWork(PendingWork):
 
     def wait(self, timeout: timedelta = timedelta(0)) -> bool:
         self.shorten_deadline(timeout)
-        self._engine.complete(self)
+        self._complete()
         if self._error is not None:
             raise self._error
         return True
@@ -170,8 +182,18 @@ class RequestWork(PendingWork):
         """The sender of a receive from any source (``torch.distributed.recv(src=None)``)."""
         if self._statuses is None:
             raise RuntimeError(f"{self.deadline.describe()} has no source rank: it is not a receive from any rank.")
-        self._engine.complete(self)
+        self._complete()
         return self._statuses[0].Get_source()
+
+    def _complete(self) -> None:
+        if self._event is None:
+            self._engine.complete(self)  # on this thread: the quickest
+        elif not self._done:
+            # Profiled: the progress thread completes it, so that its event ends on another thread than it started
+            # on and the profiler files it as asynchronous, as it files other backends' communication. Blocks
+            # without the GIL; the watchdog bounds the wait. A failed finishing step is raised by the caller.
+            with contextlib.suppress(Exception):
+                self._future.wait()
 
     _source_rank = source_rank
 

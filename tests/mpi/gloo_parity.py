@@ -1,9 +1,10 @@
-"""Reductions of the mpi4py backend, and FSDP training on it, are bitwise equal to gloo's.
+"""Reductions of the mpi4py backend (dense and sparse), and DDP with a sparse embedding and FSDP training on it, are
+bitwise equal to gloo's.
 
 Run by collectives.py (the same job). Reductions run on random data for every dtype and op. gloo is the default
 group, over ``tcp://127.0.0.1:$MPI_TEST_PORT``; the mpi4py backend runs as ``new_group(backend="mpi4py")`` over
-the same ranks. Reports ``MISMATCH ...`` per difference and ``rank R: N comparisons (F FSDP parameters), M bitwise
-equal``.
+the same ranks. Reports ``MISMATCH ...`` per difference and
+``rank R: N comparisons (F FSDP parameters, S sparse), M bitwise equal``.
 """
 
 from __future__ import annotations
@@ -67,6 +68,21 @@ def train_fsdp(version: int, group: dist.ProcessGroup) -> list[torch.Tensor]:
         return [parameter.detach().clone() for parameter in model.parameters()]
 
 
+def train_ddp_sparse_embedding(group: dist.ProcessGroup) -> list[torch.Tensor]:
+    """Three SGD steps of DDP over ``group`` with ``nn.Embedding(sparse=True)``, whose gradients DDP all-reduces
+    as sparse tensors; the parameters."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Embedding(50, 8, sparse=True), torch.nn.Linear(8, 1))
+    ddp = torch.nn.parallel.DistributedDataParallel(model, process_group=group)
+    optimizer = torch.optim.SGD(ddp.parameters(), lr=0.1)
+    data = torch.Generator().manual_seed(dist.get_rank())
+    for _ in range(3):
+        ddp(torch.randint(0, 50, (16,), generator=data)).pow(2).mean().backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    return [parameter.detach().clone() for parameter in model.parameters()]
+
+
 def compare_with_gloo(report: RankReport) -> bool:
     """Return whether every compared result is bitwise equal; needs no process group initialised yet."""
     rank, world = init_from_mpi_launch("gloo")
@@ -107,6 +123,20 @@ def compare_with_gloo(report: RankReport) -> bool:
         dist.reduce_scatter_tensor(outputs[1], data.clone())
         compare(f"reduce_scatter_tensor SUM {dtype}", *outputs)
 
+    # Sparse COO tensors, a different number of entries on each rank, overlapping indices: gloo sums them.
+    for dtype in (torch.float32, torch.float64):
+        entries = 5 + 7 * rank
+        indices = torch.randint(0, 64, (2, entries), generator=generator)
+        data = torch.sparse_coo_tensor(indices, random_tensor(dtype, generator)[:entries], (64, 64))
+        from_ours, from_gloo = data.clone(), data.clone()
+        dist.all_reduce(from_ours, group=ours)
+        dist.all_reduce(from_gloo)
+        compare(f"sparse allreduce SUM {dtype}", from_ours.to_dense(), from_gloo.coalesce().to_dense())
+
+    from_ours, from_gloo = train_ddp_sparse_embedding(ours), train_ddp_sparse_embedding(dist.group.WORLD)
+    for index, (mine, theirs) in enumerate(zip(from_ours, from_gloo, strict=True)):
+        compare(f"DDP sparse embedding parameter {index}", mine, theirs)
+
     for version in (1, 2):
         from_ours, from_gloo = train_fsdp(version, ours), train_fsdp(version, dist.group.WORLD)
         for index, (mine, theirs) in enumerate(zip(from_ours, from_gloo, strict=True)):
@@ -115,6 +145,8 @@ def compare_with_gloo(report: RankReport) -> bool:
     dist.barrier()
     dist.destroy_process_group()
     fsdp = sum(name.startswith("FSDP") for name in compared)
+    sparse = sum("sparse" in name for name in compared)
     equal = len(compared) - len(mismatches)
-    report.line(f"rank {rank}: {len(compared)} comparisons ({fsdp} FSDP parameters), {equal} bitwise equal")
+    report.line(f"rank {rank}: {len(compared)} comparisons ({fsdp} FSDP parameters, {sparse} sparse), {equal} bitwise "
+                "equal")  # fmt: skip
     return not mismatches

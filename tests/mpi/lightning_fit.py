@@ -1,9 +1,11 @@
 """A Lightning ``Trainer.fit`` on the mpi4py backend, launched by mpirun (Lightning's MPIEnvironment).
 
-Usage (under mpirun -n 2): python lightning_fit.py OUT_DIR
+Usage (under mpirun -n 2): python lightning_fit.py OUT_DIR [--profile]
 
 Each rank writes OUT_DIR/rank<R>.json with its final parameters and the results of the strategy's
-collectives (reduce mean on an int64 tensor, reduce sum, broadcast, all_gather) and the backend in use.
+collectives (reduce mean on an int64 tensor, reduce sum, broadcast, all_gather) and the backend in use. With
+``--profile`` the fit runs under ``profiler="pytorch"`` (Lightning's ``PyTorchProfiler``), which writes each rank's
+Chrome trace to OUT_DIR.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import pytorch_lightning as pl
 import torch
 import torch.distributed as dist
 from lightning_fabric.plugins.environments import MPIEnvironment
+from pytorch_lightning.profilers import PyTorchProfiler
 from pytorch_lightning.strategies import DDPStrategy
 from torch.utils.data import DataLoader, TensorDataset
 
@@ -62,6 +65,9 @@ class Regression(pl.LightningModule):
 def main() -> None:
     out_dir = Path(sys.argv[1])
     out_dir.mkdir(parents=True, exist_ok=True)
+    profiler = None
+    if "--profile" in sys.argv:
+        profiler = PyTorchProfiler(dirpath=out_dir, filename="profile", export_to_chrome=True)
     mpi.register()  # pl.Trainer names the backend, so torch must know it first
     trainer = pl.Trainer(
         accelerator="cpu",
@@ -73,6 +79,7 @@ def main() -> None:
         enable_checkpointing=False,
         enable_progress_bar=False,
         enable_model_summary=False,
+        profiler=profiler,
     )
     trainer.fit(Regression(out_dir))
 
