@@ -24,8 +24,10 @@ setup(
         "lightning": [supported["lightning"]],
         # LightningCLI's parser, at the version pytorch-lightning's own "extra" asks for.
         "cli": ["jsonargparse[signatures]>=4.39.0"],
-        "test": ["pytest>=8", "pytest-timeout>=2.3", "matplotlib>=3.7", "expecttest>=0.2", supported["lightning"],
-                 "jsonargparse[signatures]>=4.39.0"],
+        # pytest-xdist runs the suite's files side by side (pytest.ini); expecttest is needed by torch's own backend
+        # tests (tests/test_torch_backend_suite.py).
+        "test": ["pytest>=8", "pytest-timeout>=2.3", "pytest-xdist>=3.5", "matplotlib>=3.7", "expecttest>=0.2",
+                 supported["lightning"], "jsonargparse[signatures]>=4.39.0"],
         "lint": ["ruff==0.17.6", "mypy==2.4.1"],
     },
     entry_points={"console_scripts": ["lightning-dist-hooks-doctor=lightning_dist_hooks.doctor:main"]},

@@ -10,10 +10,10 @@ from lightning_dist_hooks import _lightning_internals
 from lightning_dist_hooks._lightning_internals import check_same_package
 from lightning_dist_hooks.bootstrap_plan import BootstrapPlan, Flags, devices_left_at_auto
 from lightning_dist_hooks.environment_plugin import with_detected_cluster_environment
+from lightning_dist_hooks.flag_docs import FLAG_DOCS, FLAG_PARAMETERS
 from lightning_dist_hooks.hooks import check_setup_callable
 from lightning_dist_hooks.signatures import keyword_parameter, with_documented_arguments, with_keyword_parameters
 from lightning_dist_hooks.strategy import hook_strategy
-from lightning_dist_hooks.trainer import FLAG_DOCS, FLAG_PARAMETERS
 
 SetupDistributedBackend = Callable[..., None]  # (backend, init_method, rank, world_size, timeout[, device_id])
 

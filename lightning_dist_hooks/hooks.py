@@ -262,9 +262,11 @@ class DistributedHooksMixin:
         """Create the default process group of this rank. Called once per rank, before any collective.
 
         Args:
-            backend: the resolved backend, e.g. ``"gloo"`` or ``"nccl"``.
-            init_method: the resolved rendezvous URL: ``"env://"`` (``MASTER_ADDR``/``MASTER_PORT`` already set),
-                ``"tcp://HOST:PORT"`` or ``"file:///PATH"``.
+            backend: the resolved backend, e.g. ``"gloo"``, ``"nccl"`` or ``"mpi4py"``.
+            init_method: the resolved rendezvous URL, of any registered scheme: ``"env://"``
+                (``MASTER_ADDR``/``MASTER_PORT`` already set), ``"tcp://HOST:PORT"``, ``"file:///PATH"``,
+                ``"dir:///PATH"`` (torch knows the scheme by then) or ``"mpi://"``; pass it on to
+                ``init_process_group`` as it is.
             rank: this process's global rank.
             world_size: the number of processes.
             timeout: the strategy's process-group timeout.

@@ -4,40 +4,21 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Callable
-from typing import Any, Optional
+from typing import Any
 
 from lightning_dist_hooks import _lightning_internals
 from lightning_dist_hooks._lightning_internals import Flavour, check_same_package
 from lightning_dist_hooks.bootstrap_plan import BootstrapPlan, Flags, creates_process_group, devices_left_at_auto
 from lightning_dist_hooks.environment_plugin import with_detected_cluster_environment
+from lightning_dist_hooks.flag_docs import FLAG_DOCS, FLAG_PARAMETERS
 from lightning_dist_hooks.hooks import check_hooks
 from lightning_dist_hooks.sampling import install_sampler_hook
 from lightning_dist_hooks.signatures import (
-    keyword_parameter,
     presented_as,
     with_documented_arguments,
     with_keyword_parameters,
 )
 from lightning_dist_hooks.strategy import hook_strategy
-
-# Our parameters, as they appear in the Trainer's signature, ``--help`` and ``LightningCLI``.
-FLAG_DOCS = {
-    "torch_dist_backend": (
-        'the ``torch.distributed`` backend (``"gloo"``, ``"nccl"``, ``"mpi"``, ``"ucc"``, ``"xccl"`` or a '
-        "registered name; case-insensitive). None keeps Lightning's choice: nccl on CUDA, gloo on CPU, or the "
-        "strategy's ``process_group_backend``."
-    ),
-    "torch_dist_init_method": (
-        'how ranks meet: ``"env://"``, ``"tcp://HOST:PORT"``, ``"file:///PATH"`` or ``"file:///DIR/"`` (one '
-        "file per launch inside DIR, named from the job identity; ``ValueError`` when the launcher gives none). None "
-        "keeps Lightning's ``env://`` with the address and port of the cluster environment."
-    ),
-}
-
-
-# The same, as keyword-only parameters of the generated signatures. typing.Optional, not `str | None`: a runtime
-# annotation, shown by `--help` and LightningCLI next to Lightning's own (typing's).
-FLAG_PARAMETERS = {name: keyword_parameter(name, Optional[str]) for name in FLAG_DOCS}  # noqa: UP045 - see above
 
 
 class DistributedHooksTrainerMixin:

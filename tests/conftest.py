@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import os
 import shutil
 import socket
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import helpers
@@ -48,6 +51,59 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             f"{len(problems)} test(s) need exactly one speed tier, @pytest.mark.unit (in-process, starts no process) "
             "or @pytest.mark.slow (starts processes), and a unit test needs nothing of the machine (pytest.ini, "
             "markers; tests/conftest.py):\n  " + "\n  ".join(problems))
+
+
+# pytest-xdist (pytest.ini: -n 4 --dist loadfile) runs the suite's files side by side, each file on one worker (its
+# module- and session-scoped fixtures, a job shared by a file's tests, run once). Tests marked root or cluster use
+# what the machine has once (the test SLURM, the emulated cluster's namespaces, other users, sysctl): they take the
+# run's machine lock, so that one runs at a time whatever worker runs it.
+def _shared_run_directory(config: pytest.Config) -> Path:
+    """A directory of this test run that its workers share: pytest's base temporary directory of the run (mode 0700,
+    this user's), of which each xdist worker's own is a subdirectory."""
+    base = config._tmp_path_factory.getbasetemp()  # type: ignore[attr-defined]  # pytest's, public as tmp_path_factory
+    return base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+
+
+_machine_lock_holds = 0  # how many holds of the lock this worker has now (a root test's, then its fixture's)
+
+
+@contextlib.contextmanager
+def machine_to_ourselves(config: pytest.Config) -> Iterator[None]:
+    """Hold the run's machine lock: no other root or cluster test of this run runs meanwhile. Re-entrant within a
+    worker: a root test holds it while a session fixture it needs first (the test SLURM) takes it again."""
+    global _machine_lock_holds
+    if _machine_lock_holds:
+        _machine_lock_holds += 1
+        try:
+            yield
+        finally:
+            _machine_lock_holds -= 1
+        return
+    with (_shared_run_directory(config) / "machine.lock").open("a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+        _machine_lock_holds = 1
+        try:
+            yield
+        finally:
+            _machine_lock_holds = 0
+
+
+@pytest.fixture(autouse=True)
+def _one_root_test_at_a_time(request: pytest.FixtureRequest) -> Iterator[None]:
+    if request.node.get_closest_marker("root") is None:
+        yield
+        return
+    with machine_to_ourselves(request.config):
+        yield
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """In the run's controller: stop the test SLURM if a worker of this run started it (workers leave it running,
+    as another worker may still use it)."""
+    if os.environ.get("PYTEST_XDIST_WORKER") or not hasattr(session.config, "_tmp_path_factory"):
+        return
+    if (_shared_run_directory(session.config) / SLURM_STARTED).exists():
+        subprocess.run(["bash", str(REPO / ".ci" / "slurm-down.sh")], capture_output=True, timeout=120)
 
 
 # A unit test that starts a process fails: the unit tier runs in this process only. Seen through the interpreter's
@@ -160,8 +216,12 @@ def _slurm_daemons_alive(state_dir: Path) -> bool:
     return True
 
 
+# In the run's shared directory when a worker started the test SLURM (pytest_sessionfinish stops it).
+SLURM_STARTED = "slurm-started-by-this-run"
+
+
 @pytest.fixture(scope="session")
-def slurm_cluster():
+def slurm_cluster(request: pytest.FixtureRequest):
     """A running single-node SLURM (.ci/slurm-up.sh); stopped at the end only if this session started it."""
     missing = [command for command in ("srun", "sbatch", "slurmctld", "slurmd", "munged")
                if shutil.which(command) is None]
@@ -170,16 +230,20 @@ def slurm_cluster():
     if os.geteuid() != 0:
         pytest.skip("starting the test SLURM cluster (.ci/slurm-up.sh) needs root")
     state_dir = Path(os.environ.get("LDH_SLURM_DIR", "/tmp/ldh-slurm"))
-    started_here = not _slurm_daemons_alive(state_dir)
-    up = subprocess.run(["bash", str(REPO / ".ci" / "slurm-up.sh")], capture_output=True, text=True, timeout=120)
+    with machine_to_ourselves(request.config):  # two workers must not start it at once
+        started_here = not _slurm_daemons_alive(state_dir)
+        up = subprocess.run(["bash", str(REPO / ".ci" / "slurm-up.sh")], capture_output=True, text=True, timeout=120)
     assert up.returncode == 0, f".ci/slurm-up.sh failed:\n{up.stdout}\n{up.stderr}"
+    if started_here and os.environ.get("PYTEST_XDIST_WORKER"):
+        (_shared_run_directory(request.config) / SLURM_STARTED).touch()  # the controller stops it at the end
+        started_here = False
     yield state_dir
     if started_here:
         subprocess.run(["bash", str(REPO / ".ci" / "slurm-down.sh")], capture_output=True, timeout=120)
 
 
 @pytest.fixture(scope="session")
-def emulated_cluster():
+def emulated_cluster(request: pytest.FixtureRequest):
     """Two emulated nodes (.ci/cluster-up.sh), with a SLURM of them when SLURM is installed; removed at the end of
     the session, whatever the tests did (leftovers of a killed session are removed first)."""
     if os.geteuid() != 0:
@@ -189,11 +253,13 @@ def emulated_cluster():
         pytest.skip(f"the emulated cluster needs {', '.join(missing)} (.ci/install installs iproute2 and util-linux)")
     slurm = all(shutil.which(command) for command in ("srun", "sbatch", "slurmctld", "slurmd", "munged"))
     directory = Path(os.environ.get("LDH_CLUSTER_DIR", "/tmp/ldh-cluster"))
-    cluster = cluster_up(directory, slurm=slurm)
+    with machine_to_ourselves(request.config):  # not while another worker's root test runs
+        cluster = cluster_up(directory, slurm=slurm)
     try:
         yield cluster
     finally:
-        cluster_down(directory)
+        with machine_to_ourselves(request.config):
+            cluster_down(directory)
 
 
 @pytest.fixture(scope="session")

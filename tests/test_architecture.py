@@ -4,8 +4,9 @@ Around it, the repository's other code (benchmarks, examples, tests) imports not
 package imports none of it.
 
 Read from the source with ``ast``, so the imports counted are the ones a module makes when it is imported: those at
-its top level (not under ``if TYPE_CHECKING:``, not inside a function, where the package defers a few on purpose).
-Outside the package, and for what the package may never import, the imports inside functions count too."""
+its top level, those under ``if TYPE_CHECKING:`` included (a loop of types is a loop for its reader all the same),
+not those inside a function, where the package defers a few on purpose. Outside the package, and for what the
+package may never import, the imports inside functions count too."""
 
 from __future__ import annotations
 
@@ -69,10 +70,7 @@ def imports(module: str, modules: dict[str, Path] = MODULES, deferred: bool = Fa
     found = set()
 
     def visit(node: ast.AST) -> None:
-        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
-            for inner in node.orelse:
-                visit(inner)
-        elif isinstance(node, ast.Import):
+        if isinstance(node, ast.Import):
             found.update(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom):
             source = _absolute(module, node, modules)

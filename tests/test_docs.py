@@ -12,7 +12,7 @@ import statistics
 from pathlib import Path
 
 import pytest
-from helpers import REPO
+from helpers import BOTH, REPO
 
 import lightning_dist_hooks
 
@@ -182,3 +182,22 @@ def test_what_the_benchmark_page_claims_holds_in_the_committed_results(claim):
     page = " ".join((REPO / "docs" / "benchmarks.md").read_text(encoding="utf-8").split())
     assert f"**{claim}" in page, f"docs/benchmarks.md no longer states: {claim}"
     assert CLAIMS[claim](), f"docs/benchmarks.md states {claim!r}, which benchmarks/results/ no longer shows"
+
+
+def test_the_flags_docs_the_hook_and_both_trainers_list_every_registered_scheme_and_the_mpi_transport():
+    """What ``--help``, LightningCLI and the docstrings say about the flags is written from the registries."""
+    from lightning_dist_hooks import init_methods, mpi
+    from lightning_dist_hooks.flag_docs import FLAG_DOCS
+    from lightning_dist_hooks.hooks import DistributedHooksMixin
+
+    schemes = [f'"{scheme}://' for scheme in init_methods.registered_schemes()]
+    assert {"env", "tcp", "file", "dir", "mpi"} <= {scheme[1:-3] for scheme in schemes}
+    hook_doc = " ".join(DistributedHooksMixin.setup_distributed_backend.__doc__.split())
+    for package in BOTH:
+        trainer_doc = " ".join(package.ours.Trainer.__init__.__doc__.split())
+        fabric_doc = " ".join(package.ours.Fabric.__init__.__doc__.split())
+        for document in (FLAG_DOCS["torch_dist_init_method"], trainer_doc, fabric_doc, hook_doc):
+            missing = [scheme for scheme in schemes if scheme not in document]
+            assert not missing, (missing, document[:400])
+        for document in (FLAG_DOCS["torch_dist_backend"], trainer_doc, fabric_doc):
+            assert f'"{mpi.BACKEND_NAME}"' in document and '"gloo"' in document

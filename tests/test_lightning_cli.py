@@ -52,6 +52,9 @@ def test_help_documents_our_options_next_to_lightnings(package, capsys):
     assert "--trainer.accelerator ACCELERATOR" in help_text and "--trainer.max_epochs MAX_EPOCHS" in help_text
     assert "--trainer.torch_dist_backend TORCH_DIST_BACKEND the ``torch.distributed`` backend" in help_text
     assert "--trainer.torch_dist_init_method TORCH_DIST_INIT_METHOD how ranks meet" in help_text
+    # every registered scheme and the MPI transport, as their registries list them (lightning_dist_hooks.flag_docs)
+    for listed in ('"env://"', '"tcp://HOST:PORT"', '"file:///PATH"', '"dir:///PATH"', '"mpi://"', '"mpi4py"'):
+        assert listed in help_text, listed
 
 
 @pytest.mark.unit

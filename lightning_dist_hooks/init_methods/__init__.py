@@ -18,7 +18,8 @@ from lightning_dist_hooks.init_methods._base import (
     init_method_handler,
     prepare_rendezvous,
     register_init_method,
-    resolve_init_method,
+    registered_forms,
+    registered_schemes,
     validate_init_method,
 )
 from lightning_dist_hooks.init_methods._mpi import MpiInitMethod
@@ -52,7 +53,8 @@ __all__ = [
     "init_method_handler",
     "prepare_rendezvous",
     "register_init_method",
+    "registered_forms",
+    "registered_schemes",
     "rendezvous_file_for_job",
-    "resolve_init_method",
     "validate_init_method",
 ]

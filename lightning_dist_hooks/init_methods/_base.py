@@ -60,6 +60,9 @@ class InitMethod:
     """
 
     scheme: str = ""
+    # How a URL of the scheme is written and what it does, in one phrase: the flag's documentation (``--help``,
+    # LightningCLI, the Trainer's docstring) lists the form of every registered scheme. Empty: ``"SCHEME://..."``.
+    form: str = ""
     # Every rank must be started by an MPI launcher (Trainer(...) checks the launcher's variables).
     needs_mpi_launch: bool = False
 
@@ -197,6 +200,16 @@ def register_init_method(handler: InitMethod, replace: bool = False) -> None:
     _REGISTRY[scheme] = handler
 
 
+def registered_schemes() -> list[str]:
+    """The schemes ``torch_dist_init_method`` accepts, in the order they were registered (``"env"``, ...)."""
+    return list(_REGISTRY)
+
+
+def registered_forms() -> list[str]:
+    """How a URL of each registered scheme is written (its handler's ``form``), in the order they were registered."""
+    return [handler.form or f'``"{scheme}://..."``' for scheme, handler in _REGISTRY.items()]
+
+
 def init_method_handler(url: str) -> InitMethod:
     """The handler registered for ``url``'s scheme (``url`` already validated)."""
     return _REGISTRY[urlsplit(url).scheme.lower()]
@@ -244,8 +257,3 @@ def prepare_rendezvous(handler: InitMethod, url: str, cluster_environment: Clust
     if torch_handler is not None:
         register_once(handler.scheme, torch_handler)
     return handler.prepare(url, cluster_environment)
-
-
-def resolve_init_method(url: str, cluster_environment: ClusterEnvironment, num_nodes: int) -> str:
-    """The URL every rank of this launch uses for the validated ``url``."""
-    return init_method_handler(url).resolve(url, cluster_environment, num_nodes)

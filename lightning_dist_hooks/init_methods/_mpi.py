@@ -18,6 +18,7 @@ class MpiInitMethod(AddresslessInitMethod):
     """``mpi://``, for every backend; the default of the MPI backends (``"mpi"``, ``"mpi4py"``)."""
 
     scheme = "mpi"
+    form = '``"mpi://"`` (through MPI: nobody listens, no file; ranks started by an MPI launcher)'
     needs_mpi_launch = True
     address_source = "rank and world size come from the MPI launcher (mpirun, srun --mpi=pmix, ...). Use 'mpi://'."
 

@@ -37,6 +37,7 @@ class EnvInitMethod(AddresslessInitMethod, TCPStoreInitMethod):
     """``env://``: torch reads ``MASTER_ADDR``/``MASTER_PORT``, which Lightning takes from the cluster environment."""
 
     scheme = "env"
+    form = '``"env://"`` (rank 0 listens at the launcher\'s address and port)'
     address_source = (
         "the address comes from MASTER_ADDR and MASTER_PORT (or your cluster environment). "
         "Use 'env://', or 'tcp://HOST:PORT' to name one."
@@ -68,6 +69,7 @@ class TcpInitMethod(TCPStoreInitMethod):
     """``tcp://HOST:PORT``: rank 0 listens on HOST:PORT, the other ranks connect to it."""
 
     scheme = "tcp"
+    form = '``"tcp://HOST:PORT"`` (rank 0 listens there)'
 
     @override
     def main_address(self, url: str) -> tuple[str, int] | None:

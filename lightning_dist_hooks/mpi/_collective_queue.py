@@ -12,16 +12,29 @@ from __future__ import annotations
 import queue
 import threading
 from collections import deque
-from typing import TYPE_CHECKING
+from types import ModuleType
+from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
     from mpi4py import MPI
 
-    from ._engine import ProgressEngine
+    from ._operation_records import Deadline
     from ._work import QueuedWork
 
 # How long stopping waits for a thread (a queue's, the progress thread) to finish what it has before moving on.
 STOP_JOIN_TIMEOUT_S = 5.0
+
+
+class QueueKeeper(Protocol):
+    """What a queue needs of the progress engine (``_engine``), which watches every queue's collectives."""
+
+    mpi: ModuleType
+
+    def adopt(self, queue: CollectiveQueue) -> None:
+        """Watch ``queue``'s collectives from now on, and stop its thread at exit."""
+
+    def abort_failed(self, deadline: Deadline, error: BaseException) -> None:
+        """End the job: the collective of ``deadline`` failed with an MPI error."""
 
 
 class CollectiveQueue:
@@ -32,7 +45,7 @@ class CollectiveQueue:
     (:meth:`is_idle`). The thread starts with the first queued collective.
     """
 
-    def __init__(self, engine: ProgressEngine, comm: MPI.Comm) -> None:
+    def __init__(self, engine: QueueKeeper, comm: MPI.Comm) -> None:
         self._engine = engine
         self._comm = comm
         # The hand-over: a C queue whose get() waits without the GIL and wakes at once (a Condition costs more).

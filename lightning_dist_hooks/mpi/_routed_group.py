@@ -147,7 +147,7 @@ class RoutedGroup(dist.ProcessGroup):
         """Post a point-to-point operation as non-blocking requests (blocking ones could deadlock send/send)."""
         event = start_event(operation, tensors) if profiler_active() else None
         deadline = deadline_of((time.monotonic(), self._watch, describe))
-        work = RequestWork(self._engine, tensors, deadline, finish_all(parts), event)
+        work = RequestWork(self._engine.complete, tensors, deadline, finish_all(parts), event)
         if wants_source:
             work.want_source(self._mpi)
         self._engine.post(work, self._comm, [part.call for part in parts])

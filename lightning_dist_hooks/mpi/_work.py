@@ -28,8 +28,6 @@ from ._profiler_events import ProfilerEvent, end_event
 if TYPE_CHECKING:
     from mpi4py import MPI
 
-    from ._engine import ProgressEngine
-
 
 class CompletedWork(dist.Work):
     """The ``Work`` of an operation that ran to completion before the collective call returned.
@@ -159,14 +157,16 @@ class RequestWork(PendingWork):
 
     def __init__(
         self,
-        engine: ProgressEngine,
+        complete_here: Callable[[RequestWork], None],
         outputs: list[torch.Tensor],
         deadline: Deadline,
         finish: Callable[[], object] | None,
         event: ProfilerEvent | None,
     ) -> None:
         super().__init__(outputs, deadline, finish, event)
-        self._engine = engine
+        # Completes the work on the calling thread: the progress engine's ``complete``, which holds MPI's request lock
+        # (passed in, so that the work objects need not know the engine that watches them).
+        self._complete_here = complete_here
         self._calls: Sequence[MpiCall] = ()
         self._requests: list[MPI.Request] = []
         self._statuses: list[MPI.Status] | None = None
@@ -187,7 +187,7 @@ class RequestWork(PendingWork):
 
     def _complete(self) -> None:
         if self._event is None:
-            self._engine.complete(self)  # on this thread: the quickest
+            self._complete_here(self)  # on this thread: the quickest
         elif not self._done:
             # Profiled: the progress thread completes it, so that its event ends on another thread than it started
             # on and the profiler files it as asynchronous, as it files other backends' communication. Blocks

@@ -73,6 +73,7 @@ class DirInitMethod(FileInitMethod):
     """
 
     scheme = "dir"
+    form = '``"dir:///PATH"`` or ``"dir:///DIR/"`` (as file://, through a directory of files: no file locks)'
     needs_file_locks = False  # every key a file of its own, written by rename or link: no flock anywhere
 
     def __init__(self) -> None:

@@ -70,6 +70,11 @@ class FileInitMethod(InitMethod, RendezvousDiagnostics):
     """
 
     scheme = "file"
+    form = (
+        '``"file:///PATH"`` or ``"file:///DIR/"`` (a file on a filesystem all ranks share, locked with flock; with '
+        "the slash, one file per launch inside DIR, named from the job identity, ``ValueError`` when the launcher "
+        "gives none)"
+    )
     needs_file_locks = True  # torch's FileStore flocks its one file; prepare probes that flock works
 
     @override
