@@ -286,7 +286,8 @@ def test_lightning_trainer_fits_on_the_mpi4py_backend_and_its_profiler_shows_the
     job = run_mpi("lightning_fit.py", str(tmp_path), "--profile")
     assert job.returncode == 0, job.output[-8000:]
     for rank in (0, 1):
-        (trace,) = tmp_path.glob(f"fit-profile-{rank}-*.pt.trace.json")  # Lightning's PyTorchProfiler, Chrome format
+        # Lightning's PyTorchProfiler writes each rank's Chrome trace as STAGE-FILENAME-RANK-ACTION.ID.pt.trace.json
+        (trace,) = tmp_path.glob(f"*-profile-{rank}-*.pt.trace.json")
         events = {event["name"] for event in json.loads(trace.read_text())["traceEvents"] if "name" in event}
         # DDP's gradient buckets and sync_dist (all_reduce), DDP's start-up (broadcast), Lightning's barriers
         assert {"mpi4py:all_reduce", "mpi4py:broadcast", "mpi4py:barrier"} <= events, sorted(events)[:50]
