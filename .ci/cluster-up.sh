@@ -18,6 +18,8 @@ TIMEOUT=${LDH_SLURM_TIMEOUT:-30}
 SLURM=0
 [ "${1:-}" = --slurm ] && SLURM=1
 source "$HERE/cluster/names.sh"
+LOG_PREFIX=cluster-up
+source "$HERE/lib/slurm.sh"
 
 [ "$(id -u)" = 0 ] || { echo "cluster-up: must run as root" >&2; exit 1; }
 for cmd in ip nsenter unshare; do
@@ -44,8 +46,7 @@ for i in $(seq 0 $((NODES - 1))); do
   ip -n "$node" link set lo up
   hosts+="$addr $node $MARK"$'\n'
 done
-# /etc/hosts is often a bind mount in containers: append in place, never replace the file.
-printf '%s' "$hosts" >> /etc/hosts
+append_lines /etc/hosts "$hosts"
 
 # Every node must reach every other one before anything is started on them.
 for i in $(seq 0 $((NODES - 1))); do

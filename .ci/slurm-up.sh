@@ -53,7 +53,7 @@ mkdir -p "$DIR/state" "$DIR/spool" "$DIR/log" "$DIR/munge"
 
 # The controller's hostname must resolve; fresh containers do not always list it.
 if ! getent hosts "$HOST" >/dev/null; then
-  echo "127.0.0.1 $HOST $MARK" >> /etc/hosts
+  append_lines /etc/hosts "127.0.0.1 $HOST $MARK"$'\n'
 fi
 
 # Own munged on a private socket (AuthInfo in slurm.conf points there).

@@ -54,9 +54,18 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 # pytest-xdist (pytest.ini: -n 4 --dist loadfile) runs the suite's files side by side, each file on one worker (its
-# module- and session-scoped fixtures, a job shared by a file's tests, run once). Tests marked root or cluster use
-# what the machine has once (the test SLURM, the emulated cluster's namespaces, other users, sysctl): they take the
-# run's machine lock, so that one runs at a time whatever worker runs it.
+# module- and session-scoped fixtures, a job shared by a file's tests, run once). What the machine has once is handed
+# out by a fixture, and each such thing has a lock of the run: a test holds the lock of every one its fixtures reach,
+# so two tests that use the same one never overlap, whatever workers run them, and tests that use different ones (or
+# only their own namespaces, users or files) run side by side.
+SHARED_BY_FIXTURE = {
+    "slurm_cluster": "test-slurm",  # one SLURM of 2 CPUs: a second job would queue behind the first one's timeout
+    "emulated_cluster": "emulated-cluster",  # its namespaces, bridge and 2-node SLURM
+    "protections": "sysctl",  # fs.protected_regular and fs.protected_symlinks are the machine's settings
+    "users": "users",  # useradd takes /etc/passwd's lock and fails while another holds it
+}
+
+
 def _shared_run_directory(config: pytest.Config) -> Path:
     """A directory of this test run that its workers share: pytest's base temporary directory of the run (mode 0700,
     this user's), of which each xdist worker's own is a subdirectory."""
@@ -64,36 +73,36 @@ def _shared_run_directory(config: pytest.Config) -> Path:
     return base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
 
 
-_machine_lock_holds = 0  # how many holds of the lock this worker has now (a root test's, then its fixture's)
+_holds: dict[str, int] = {}  # lock name -> how many holds this worker has now (a test's, then its fixture's)
 
 
 @contextlib.contextmanager
-def machine_to_ourselves(config: pytest.Config) -> Iterator[None]:
-    """Hold the run's machine lock: no other root or cluster test of this run runs meanwhile. Re-entrant within a
-    worker: a root test holds it while a session fixture it needs first (the test SLURM) takes it again."""
-    global _machine_lock_holds
-    if _machine_lock_holds:
-        _machine_lock_holds += 1
+def holding(config: pytest.Config, name: str) -> Iterator[None]:
+    """Hold the run's lock ``name``: no other test of this run that needs it runs meanwhile. Re-entrant within a
+    worker: a test holds it while a session fixture it needs first (the test SLURM) takes it again."""
+    if _holds.get(name):
+        _holds[name] += 1
         try:
             yield
         finally:
-            _machine_lock_holds -= 1
+            _holds[name] -= 1
         return
-    with (_shared_run_directory(config) / "machine.lock").open("a") as lock:
+    with (_shared_run_directory(config) / f"{name}.lock").open("a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
-        _machine_lock_holds = 1
+        _holds[name] = 1
         try:
             yield
         finally:
-            _machine_lock_holds = 0
+            _holds[name] = 0
 
 
 @pytest.fixture(autouse=True)
-def _one_root_test_at_a_time(request: pytest.FixtureRequest) -> Iterator[None]:
-    if request.node.get_closest_marker("root") is None:
-        yield
-        return
-    with machine_to_ourselves(request.config):
+def _one_test_at_a_time_per_shared_resource(request: pytest.FixtureRequest) -> Iterator[None]:
+    # Taken in one order (sorted), so that two tests needing the same two never wait on each other.
+    names = sorted({SHARED_BY_FIXTURE[fixture] for fixture in request.fixturenames if fixture in SHARED_BY_FIXTURE})
+    with contextlib.ExitStack() as held:
+        for name in names:
+            held.enter_context(holding(request.config, name))
         yield
 
 
@@ -230,7 +239,7 @@ def slurm_cluster(request: pytest.FixtureRequest):
     if os.geteuid() != 0:
         pytest.skip("starting the test SLURM cluster (.ci/slurm-up.sh) needs root")
     state_dir = Path(os.environ.get("LDH_SLURM_DIR", "/tmp/ldh-slurm"))
-    with machine_to_ourselves(request.config):  # two workers must not start it at once
+    with holding(request.config, SHARED_BY_FIXTURE["slurm_cluster"]):  # two workers must not start it at once
         started_here = not _slurm_daemons_alive(state_dir)
         up = subprocess.run(["bash", str(REPO / ".ci" / "slurm-up.sh")], capture_output=True, text=True, timeout=120)
     assert up.returncode == 0, f".ci/slurm-up.sh failed:\n{up.stdout}\n{up.stderr}"
@@ -253,12 +262,12 @@ def emulated_cluster(request: pytest.FixtureRequest):
         pytest.skip(f"the emulated cluster needs {', '.join(missing)} (.ci/install installs iproute2 and util-linux)")
     slurm = all(shutil.which(command) for command in ("srun", "sbatch", "slurmctld", "slurmd", "munged"))
     directory = Path(os.environ.get("LDH_CLUSTER_DIR", "/tmp/ldh-cluster"))
-    with machine_to_ourselves(request.config):  # not while another worker's root test runs
+    with holding(request.config, SHARED_BY_FIXTURE["emulated_cluster"]):
         cluster = cluster_up(directory, slurm=slurm)
     try:
         yield cluster
     finally:
-        with machine_to_ourselves(request.config):
+        with holding(request.config, SHARED_BY_FIXTURE["emulated_cluster"]):
             cluster_down(directory)
 
 

@@ -151,19 +151,22 @@ DEATH_REPORTS = {
 }
 
 
-# What each launcher needs of the machine (pytest.ini, markers).
-LAUNCHER_NEEDS = {"openmpi": pytest.mark.mpi, "srun": pytest.mark.cluster}
-
-
-@pytest.mark.parametrize("launcher", [pytest.param(launcher, marks=LAUNCHER_NEEDS.get(launcher, ()))
-                                      for launcher in sorted(LAUNCHERS)])
-def test_a_rank_that_dies_mid_fit_ends_the_job_and_leaves_nothing(request, tmp_path, rendezvous_dir, launcher):
+@pytest.mark.parametrize("launcher", [pytest.param("lightning"), pytest.param("torchrun"),
+                                      pytest.param("openmpi", marks=pytest.mark.mpi)])
+def test_a_rank_that_dies_mid_fit_ends_the_job_and_leaves_nothing(tmp_path, rendezvous_dir, launcher):
     if launcher == "openmpi" and OPENMPI_MPIRUN is None:
         pytest.skip("OpenMPI's mpirun is not installed (.ci/install)")
-    env = job_environment()
-    if launcher == "srun":
-        request.getfixturevalue("slurm_cluster")
-        env = slurm_environment()
+    assert_a_dead_rank_ends_the_job(tmp_path, rendezvous_dir, launcher, job_environment())
+
+
+# The test SLURM as a fixture of its own test (not asked for at run time): the fixture names what a test shares
+# with others on this machine (tests/conftest.py, SHARED_BY_FIXTURE).
+@pytest.mark.cluster
+def test_a_rank_that_dies_mid_fit_ends_the_job_and_leaves_nothing_under_srun(slurm_cluster, tmp_path, rendezvous_dir):
+    assert_a_dead_rank_ends_the_job(tmp_path, rendezvous_dir, "srun", slurm_environment())
+
+
+def assert_a_dead_rank_ends_the_job(tmp_path: Path, rendezvous_dir: Path, launcher: str, env: dict[str, str]) -> None:
     command = LAUNCHERS[launcher]([sys.executable, str(FIT_JOB), "--out", str(tmp_path / "out"), *SHORT_FLAGS,
                                    "--init-method", f"file://{rendezvous_dir}/", "--die-at-step", "3",
                                    "--die-rank", "1"])

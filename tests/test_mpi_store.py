@@ -523,6 +523,7 @@ def test_a_rank_that_never_reaches_a_store_wait_is_named_and_the_job_ends_after_
     assert returncode != 0, output[-6000:]
     assert job_seconds < 60, output[-6000:]
     assert reports[2] == ["rank 2: default group all-reduce 6", "rank 2: sleeping"], output[-6000:]
+    reported_the_group_timeout = []
     for rank in (0, 1):
         lines = reports[rank]
         assert lines[0] == f"rank {rank}: default group all-reduce 6", output[-6000:]
@@ -535,6 +536,13 @@ def test_a_rank_that_never_reaches_a_store_wait_is_named_and_the_job_ends_after_
         assert waited and 2.0 <= float(waited.group(1)) <= 2.0 + TIMEOUT_MARGIN_S, lines
         since = re.fullmatch(rf"rank {rank}: new_group since ([\d.]+)", lines[2])
         assert since, lines
+        # The unhandled error ends the job with MPI_Abort, soon after the timeout (rank 2 sleeps 120 s).
+        assert GROUP_TIMEOUT_S <= ended - float(since.group(1)) <= GROUP_TIMEOUT_S + 15, output[-6000:]
+        # The first rank to time out aborts the job, which may end the other before its own timeout, a moment later
+        # (on a loaded machine): then its report stops here. No rank may report "completed".
+        assert len(lines) in (3, 4), lines
+        if len(lines) == 3:
+            continue
         # gloo's rendezvous waits in the store for rank 2's address; the store names rank 2 at the group timeout.
         failed = re.fullmatch(
             rf"rank {rank}: new_group failed after ([\d.]+) s: DistStoreError: Wait timeout: rank {rank} waited "
@@ -543,9 +551,8 @@ def test_a_rank_that_never_reaches_a_store_wait_is_named_and_the_job_ends_after_
             lines[3],
         )
         assert failed and GROUP_TIMEOUT_S <= float(failed.group(1)) <= GROUP_TIMEOUT_S + TIMEOUT_MARGIN_S, lines
-        assert len(lines) == 4, lines  # no "completed"
-        # Then the unhandled error ends the job with MPI_Abort, soon after the timeout (rank 2 sleeps 120 s).
-        assert GROUP_TIMEOUT_S <= ended - float(since.group(1)) <= GROUP_TIMEOUT_S + 15, output[-6000:]
+        reported_the_group_timeout.append(rank)
+    assert reported_the_group_timeout, f"the rank whose timeout ended the job reports it: {reports}"
     assert "ended with an unhandled exception: DistStoreError: Wait timeout" in output, output[-6000:]
     assert "MPI_ABORT was invoked" in output, output[-6000:]
 

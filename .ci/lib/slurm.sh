@@ -79,11 +79,20 @@ stop_daemons() {  # stop_daemons PIDFILE...: TERM each daemon a pid file names (
   kill -9 "${pids[@]}" 2>/dev/null || true
 }
 
-remove_tagged_lines() {  # remove_tagged_lines FILE MARK: drop the lines carrying MARK, rewriting FILE in place
-  # /etc/hosts is often a bind mount in containers: rewrite in place instead of sed -i's rename.
+# /etc/hosts is shared by the test SLURM and the emulated cluster, which tests running side by side may start or stop
+# at the same moment: every edit holds the file's flock. It is often a bind mount in containers: edited in place, never
+# replaced (as sed -i's rename would).
+append_lines() {  # append_lines FILE TEXT: append TEXT to FILE
+  { flock 9; printf '%s' "$2" >> "$1"; } 9<"$1"
+}
+
+remove_tagged_lines() {  # remove_tagged_lines FILE MARK: drop the lines carrying MARK
   local kept
-  if grep -qF "$2" "$1"; then
-    kept=$(grep -vF "$2" "$1" || true)
-    printf '%s\n' "$kept" > "$1"
-  fi
+  {
+    flock 9
+    if grep -qF "$2" "$1"; then
+      kept=$(grep -vF "$2" "$1" || true)
+      printf '%s\n' "$kept" > "$1"
+    fi
+  } 9<"$1"
 }

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-from sockets import established_ipv4_connections, listening_tcp_ports
+from sockets import connected_ipv4_sockets, listening_tcp_ports
 from torch.utils.data import DataLoader, Dataset, Sampler
 
 from lightning_dist_hooks.environments import LAUNCHER_ENVIRONMENTS
@@ -157,7 +157,7 @@ class JobModule(pl.LightningModule):
             "pid": os.getpid(),
             "hostname": socket.gethostname(),
             "master_addr": os.environ.get("MASTER_ADDR"),
-            "tcp_connections": established_ipv4_connections(os.getpid()),
+            "tcp_connections": connected_ipv4_sockets(os.getpid()),
             "listening_tcp_ports": sorted(listening_tcp_ports(os.getpid())),
             "exit_grace": exit_grace.registered_in_this_process(),
         }

@@ -7,7 +7,8 @@ from pathlib import Path
 
 from lightning_dist_hooks.listening_sockets import socket_inodes
 
-_LISTEN, _ESTABLISHED = "0A", "01"  # TCP states as /proc/net/tcp writes them
+# TCP states as /proc/net/tcp writes them. CLOSE_WAIT: the peer closed its end, this process has not yet.
+_LISTEN, _ESTABLISHED, _CLOSE_WAIT = "0A", "01", "08"
 
 
 def listening_tcp_ports(pid: int) -> set[int]:
@@ -15,13 +16,15 @@ def listening_tcp_ports(pid: int) -> set[int]:
     return {int(local.rsplit(":", 1)[1], 16) for local, _, state in _tcp_sockets(pid) if state == _LISTEN}
 
 
-def established_ipv4_connections(pid: int) -> list[tuple[str, str]]:
-    """``(local "ADDRESS:PORT", remote "ADDRESS:PORT")`` of every established IPv4 TCP connection ``pid`` holds.
+def connected_ipv4_sockets(pid: int) -> list[tuple[str, str]]:
+    """``(local "ADDRESS:PORT", remote "ADDRESS:PORT")`` of every IPv4 TCP connection ``pid`` holds open: established,
+    or already closed by the peer (CLOSE_WAIT). A rank that finished first may have closed its end before a slower
+    rank looks; the slower rank's socket still names both ends until it closes it itself.
 
     /proc/PID/net/tcp lists the whole network namespace; only sockets this process holds are kept.
     """
     return sorted((_ipv4(local), _ipv4(remote)) for local, remote, state in _tcp_sockets(pid, ("tcp",))
-                  if state == _ESTABLISHED)
+                  if state in (_ESTABLISHED, _CLOSE_WAIT))
 
 
 def _tcp_sockets(pid: int, tables: tuple[str, ...] = ("tcp", "tcp6")) -> list[tuple[str, str, str]]:
