@@ -6,16 +6,16 @@ from __future__ import annotations
 # signature, next to Lightning's own (typing's), for help() and LightningCLI.
 from typing import Any, Callable, Optional  # noqa: UP035 - see above
 
-from lightning_dist_hooks import _lightning_internals
-from lightning_dist_hooks._lightning_internals import check_same_package
-from lightning_dist_hooks.bootstrap_plan import BootstrapPlan, Flags, devices_left_at_auto
-from lightning_dist_hooks.environment_plugin import with_detected_cluster_environment
+from lightning_dist_hooks.bootstrap_plan import BootstrapPlan
+from lightning_dist_hooks.bootstrap_sequence import start_with_flags
 from lightning_dist_hooks.flag_docs import FLAG_DOCS, FLAG_PARAMETERS
-from lightning_dist_hooks.hooks import check_setup_callable
 from lightning_dist_hooks.signatures import keyword_parameter, with_documented_arguments, with_keyword_parameters
-from lightning_dist_hooks.strategy import hook_strategy
 
-SetupDistributedBackend = Callable[..., None]  # (backend, init_method, rank, world_size, timeout[, device_id])
+# Called with hooks.default_setup_distributed_backend's parameters (device_id where it takes it), checked at
+# construction; the annotation help() and LightningCLI show stays a plain Callable, like Lightning's own.
+SetupDistributedBackend = Callable[..., None]
+# The classes the mixin goes in front of, as the error for a class with none of them names them.
+_LIGHTNING_FABRICS = "lightning_fabric.Fabric or lightning.fabric.Fabric"
 
 # Our parameters, as they appear in the Fabric's signature and ``help()``.
 FABRIC_PARAMETER_DOCS = {
@@ -56,6 +56,8 @@ class DistributedHooksFabricMixin:
     plus ours.
     """
 
+    _bootstrap_plan: BootstrapPlan  # set by start_with_flags
+
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
         if DistributedHooksFabricMixin in cls.__bases__ and "__init__" not in cls.__dict__:
@@ -69,34 +71,17 @@ class DistributedHooksFabricMixin:
         setup_distributed_backend: SetupDistributedBackend | None = None,
         **kwargs: Any,
     ) -> None:
-        flags = Flags.checked(torch_dist_backend, torch_dist_init_method)
-        if setup_distributed_backend is not None and not callable(setup_distributed_backend):
-            raise TypeError(
-                f"setup_distributed_backend={setup_distributed_backend!r} is not callable. Pass a function "
-                "(backend, init_method, rank, world_size, timeout, device_id=None) that creates the default process "
-                "group, or None."
-            )
-        check_setup_callable(setup_distributed_backend, f"{type(self).__name__}(...)")
-        flavour = _lightning_internals.flavour_of(type(self))
-        if flavour is None:
-            raise TypeError(
-                f"{type(self).__name__} mixes in DistributedHooksFabricMixin but is no Lightning Fabric: put the mixin "
-                "in front of a lightning_fabric.Fabric or lightning.fabric.Fabric subclass."
-            )
-        check_same_package(self, kwargs)
-        super().__init__(*args, **with_detected_cluster_environment(kwargs, flavour))
-        strategy = self.strategy  # type: ignore[attr-defined]  # the Fabric's, which the mixin precedes
-        plan = BootstrapPlan.for_strategy(
-            flags,
-            strategy,
-            flavour,
-            owner=type(self).__name__,
-            setup_distributed_backend=setup_distributed_backend,
-            devices_left_at_auto=devices_left_at_auto(kwargs),
+        start_with_flags(
+            self,
+            DistributedHooksFabricMixin,
+            _LIGHTNING_FABRICS,
+            super().__init__,
+            args,
+            kwargs,
+            torch_dist_backend,
+            torch_dist_init_method,
+            setup_distributed_backend,
         )
-        if plan.creates_process_group:
-            hook_strategy(strategy, plan)
-        self._bootstrap_plan = plan
 
     @property
     def torch_dist_backend(self) -> str | None:

@@ -8,10 +8,11 @@ hints. This module imports no Lightning package: the mixin serves both.
 from __future__ import annotations
 
 import inspect
+import typing
 from collections.abc import Callable, Iterable
 from datetime import timedelta
 from enum import Enum
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec
 
 import torch
 import torch.distributed
@@ -32,10 +33,57 @@ def default_setup_distributed_backend(
     device_id: torch.device | None = None,
 ) -> None:
     """What ``setup_distributed_backend`` does unless overridden: exactly one ``init_process_group`` call, with the
-    arguments Lightning passes (``device_id`` binds an NCCL group to the rank's GPU; None on CPU)."""
+    arguments Lightning passes (``device_id`` binds an NCCL group to the rank's GPU; None on CPU).
+
+    Its parameters are the hook's one definition: the mixin's method, the doctor's override, the checks and their
+    messages take them from here (:func:`taking_parameters_of`, :func:`expected_parameters`)."""
     torch.distributed.init_process_group(
         backend=backend, init_method=init_method, rank=rank, world_size=world_size, timeout=timeout, device_id=device_id
     )
+
+
+_Parameters = ParamSpec("_Parameters")
+
+
+def taking_parameters_of(
+    function: Callable[_Parameters, None],
+) -> Callable[[Callable[..., None]], Callable[Concatenate[Any, _Parameters], None]]:
+    """Declare a method written ``(self, *args, **kwargs)`` as taking ``function``'s parameters after ``self``: what
+    ``inspect.signature``, ``help()``, the hook checks and type checkers see. So an override of a hook need not write
+    its signature again; :func:`setup_arguments` reads the arguments it received by name.
+
+    >>> class Module:
+    ...     @taking_parameters_of(default_setup_distributed_backend)
+    ...     def setup_distributed_backend(self, *args, **kwargs):
+    ...         pass
+    >>> inspect.signature(Module.setup_distributed_backend)
+    <Signature (self, backend: 'str', init_method: 'str', rank: 'int', world_size: 'int', timeout: 'timedelta', \
+device_id: 'torch.device | None' = None) -> 'None'>
+    """
+    signature = inspect.signature(function)
+    annotations = typing.get_type_hints(function)
+
+    def declare(method: Callable[..., None]) -> Callable[Concatenate[Any, _Parameters], None]:
+        self_parameter = next(iter(inspect.signature(method).parameters.values()))
+        # inspect.signature() reads __signature__, an attribute functions do not declare (hence the ignore).
+        method.__signature__ = signature.replace(  # type: ignore[attr-defined]
+            parameters=[self_parameter, *signature.parameters.values()]
+        )
+        method.__annotations__ = annotations
+        return method
+
+    return declare
+
+
+def setup_arguments(*args: Any, **kwargs: Any) -> dict[str, Any]:
+    """The arguments of one ``setup_distributed_backend`` call by parameter name, defaults included.
+
+    >>> setup_arguments("gloo", "env://", 0, 2, timedelta(seconds=5))["device_id"] is None
+    True
+    """
+    bound = inspect.signature(default_setup_distributed_backend).bind(*args, **kwargs)
+    bound.apply_defaults()
+    return bound.arguments
 
 
 def takes_device_id(hook: Callable[..., Any]) -> bool:
@@ -50,13 +98,8 @@ def takes_device_id(hook: Callable[..., Any]) -> bool:
     return any(p.name == "device_id" or p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters)
 
 
-# The hooks' documented signatures, as the messages below show them (methods with ``self``; Fabric's callable without).
 SETUP_HOOK = "setup_distributed_backend"
 SAMPLER_HOOK = "configure_sampler"
-EXPECTED_PARAMETERS = {
-    SETUP_HOOK: "backend, init_method, rank, world_size, timeout, device_id=None",
-    SAMPLER_HOOK: "dataloader, stage",
-}
 _ALSO_ACCEPTED = {
     SETUP_HOOK: "the five-argument form without device_id, *args and **kwargs work too",
     SAMPLER_HOOK: "*args and **kwargs work too",
@@ -91,7 +134,7 @@ def hook_call_problem(name: str, hook: object) -> str | None:
         signature = inspect.signature(hook)
     except (TypeError, ValueError):  # no signature to read: nothing to check before the call
         return None
-    arguments = [_Placeholder(part.split("=")[0]) for part in EXPECTED_PARAMETERS[name].split(", ")]
+    arguments = [_Placeholder(parameter.name) for parameter in hook_parameters(name)]
     keywords = {}
     if name == SETUP_HOOK:
         *arguments, device_id = arguments
@@ -137,7 +180,7 @@ def check_hook(owner: object, name: str, where: str) -> None:
     raise TypeError(
         f"{_class_name(defining)}.{name}{inherited} is declared as {_found_signature(type(owner), name, hook)}, "
         f"which cannot take the arguments every rank passes it ({problem}). Declare it as "
-        f"{name}(self, {EXPECTED_PARAMETERS[name]}) ({_ALSO_ACCEPTED[name]}). Checked at {where}, before any "
+        f"{name}(self, {expected_parameters(name)}) ({_ALSO_ACCEPTED[name]}). Checked at {where}, before any "
         "process starts."
     )
 
@@ -169,7 +212,7 @@ def check_setup_callable(hook: Callable[..., Any] | None, where: str) -> None:
     raise TypeError(
         f"setup_distributed_backend={shown} is declared as {_found_signature(None, SETUP_HOOK, hook)}, which "
         f"cannot take the arguments every rank passes it ({problem}). Declare it as "
-        f"{SETUP_HOOK}({EXPECTED_PARAMETERS[SETUP_HOOK]}) ({_ALSO_ACCEPTED[SETUP_HOOK]}). Checked at {where}, before "
+        f"{SETUP_HOOK}({expected_parameters(SETUP_HOOK)}) ({_ALSO_ACCEPTED[SETUP_HOOK]}). Checked at {where}, before "
         "any process starts."
     )
 
@@ -250,15 +293,8 @@ class DistributedHooksMixin:
 
     trainer: Trainer
 
-    def setup_distributed_backend(
-        self,
-        backend: str,
-        init_method: str,
-        rank: int,
-        world_size: int,
-        timeout: timedelta,
-        device_id: torch.device | None = None,
-    ) -> None:
+    @taking_parameters_of(default_setup_distributed_backend)
+    def setup_distributed_backend(self, *args: Any, **kwargs: Any) -> None:
         """Create the default process group of this rank. Called once per rank, before any collective.
 
         Args:
@@ -282,7 +318,7 @@ class DistributedHooksMixin:
                 torch.distributed.init_process_group(backend, init_method=init_method, rank=rank,
                                                      world_size=world_size, timeout=timeout, device_id=device_id)
         """
-        default_setup_distributed_backend(backend, init_method, rank, world_size, timeout, device_id)
+        default_setup_distributed_backend(*args, **kwargs)
 
     def configure_sampler(self, dataloader: DataLoader, stage: RunningStage) -> Sampler | None:
         """Choose the sampler of ``dataloader``; called for every DataLoader the Trainer prepares.
@@ -300,6 +336,26 @@ class DistributedHooksMixin:
         valid. The default returns what Lightning chooses today.
         """
         return lightning_default_sampler(self.trainer, dataloader, stage)
+
+
+def hook_parameters(name: str) -> list[inspect.Parameter]:
+    """The parameters each rank passes to hook ``name``, from the hook's one definition (``self`` left out):
+    :func:`default_setup_distributed_backend`'s, and ``configure_sampler``'s as :class:`DistributedHooksMixin`
+    declares it."""
+    if name == SETUP_HOOK:
+        return list(inspect.signature(default_setup_distributed_backend).parameters.values())
+    return list(inspect.signature(DistributedHooksMixin.configure_sampler).parameters.values())[1:]
+
+
+def expected_parameters(name: str) -> str:
+    """Hook ``name``'s parameters as the messages show them (a method adds ``self``, Fabric's callable does not).
+
+    >>> expected_parameters("setup_distributed_backend"), expected_parameters("configure_sampler")
+    ('backend, init_method, rank, world_size, timeout, device_id=None', 'dataloader, stage')
+    """
+    return ", ".join(
+        p.name if p.default is inspect.Parameter.empty else f"{p.name}={p.default!r}" for p in hook_parameters(name)
+    )
 
 
 def user_hook(owner: object, name: str) -> Callable[..., Any] | None:

@@ -6,10 +6,9 @@ import inspect
 from collections.abc import Callable
 from typing import Any
 
-from lightning_dist_hooks import _lightning_internals
-from lightning_dist_hooks._lightning_internals import Flavour, check_same_package
-from lightning_dist_hooks.bootstrap_plan import BootstrapPlan, Flags, creates_process_group, devices_left_at_auto
-from lightning_dist_hooks.environment_plugin import with_detected_cluster_environment
+from lightning_dist_hooks._lightning_internals import check_same_package
+from lightning_dist_hooks.bootstrap_plan import BootstrapPlan, creates_process_group
+from lightning_dist_hooks.bootstrap_sequence import mixed_flavour, start_with_flags
 from lightning_dist_hooks.flag_docs import FLAG_DOCS, FLAG_PARAMETERS
 from lightning_dist_hooks.hooks import check_hooks
 from lightning_dist_hooks.sampling import install_sampler_hook
@@ -18,7 +17,6 @@ from lightning_dist_hooks.signatures import (
     with_documented_arguments,
     with_keyword_parameters,
 )
-from lightning_dist_hooks.strategy import hook_strategy
 
 
 class DistributedHooksTrainerMixin:
@@ -47,7 +45,7 @@ class DistributedHooksTrainerMixin:
     ``fit``, ``validate``, ``test`` and ``predict`` with the parent's signatures and docstrings.
     """
 
-    _bootstrap_plan: BootstrapPlan  # set by _initialize
+    _bootstrap_plan: BootstrapPlan  # set by start_with_flags
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -114,14 +112,8 @@ def _check_hooks(trainer: Any, method: str, model: Any, args: tuple[Any, ...], k
     check_hooks(module, [*args, *kwargs.values()], where, creates_process_group(trainer.strategy))
 
 
-def trainer_flavour(trainer_class: type) -> Flavour:
-    flavour = _lightning_internals.flavour_of(trainer_class)
-    if flavour is None:
-        raise TypeError(
-            f"{trainer_class.__name__} mixes in DistributedHooksTrainerMixin but is no Lightning Trainer: put the "
-            "mixin in front of a pytorch_lightning.Trainer or lightning.pytorch.Trainer subclass."
-        )
-    return flavour
+# The classes the mixin goes in front of, as the error for a class with none of them names them.
+_LIGHTNING_TRAINERS = "pytorch_lightning.Trainer or lightning.pytorch.Trainer"
 
 
 def _initialize(
@@ -132,20 +124,16 @@ def _initialize(
     torch_dist_backend: str | None,
     torch_dist_init_method: str | None,
 ) -> None:
-    flags = Flags.checked(torch_dist_backend, torch_dist_init_method)
-    flavour = trainer_flavour(type(trainer))
-    check_same_package(trainer, kwargs)
-    lightning_init(*args, **with_detected_cluster_environment(kwargs, flavour))
-    plan = BootstrapPlan.for_strategy(
-        flags,
-        trainer.strategy,
-        flavour,
-        owner=type(trainer).__name__,
-        devices_left_at_auto=devices_left_at_auto(kwargs),
+    start_with_flags(
+        trainer,
+        DistributedHooksTrainerMixin,
+        _LIGHTNING_TRAINERS,
+        lightning_init,
+        args,
+        kwargs,
+        torch_dist_backend,
+        torch_dist_init_method,
     )
-    if plan.creates_process_group:
-        hook_strategy(trainer.strategy, plan)
-    trainer._bootstrap_plan = plan
     install_sampler_hook(trainer)
 
 
@@ -161,7 +149,7 @@ def _init_with_full_signature(cls: type) -> Callable[..., None]:
     Lightning's wrapper itself, which cannot be skipped: the class then keeps its parent's signature (our flags
     stay keyword arguments), so that no ``PL_<CLASS>_TORCH_DIST_*`` reaches a Lightning ``__init__``.
     """
-    flavour = trainer_flavour(cls)
+    flavour = mixed_flavour(cls, DistributedHooksTrainerMixin, _LIGHTNING_TRAINERS)
     parent_init = super(DistributedHooksTrainerMixin, cls).__init__  # type: ignore[misc]  # the parent's, on purpose
     parent_is_lightnings = parent_init is flavour.Trainer.__init__
 

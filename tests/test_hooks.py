@@ -4,7 +4,11 @@
 from __future__ import annotations
 
 import copy
+import functools
+import inspect
 import pickle
+import typing
+from datetime import timedelta
 
 import pytest
 import torch
@@ -12,7 +16,18 @@ from helpers import PYTORCH_LIGHTNING, both_packages
 from torch.utils.data import DataLoader
 
 from lightning_dist_hooks import Trainer
-from lightning_dist_hooks.hooks import Stage, as_running_stage, hook_call_problem
+from lightning_dist_hooks.doctor.command import DoctorModule
+from lightning_dist_hooks.hooks import (
+    DistributedHooksMixin,
+    Stage,
+    as_running_stage,
+    default_setup_distributed_backend,
+    expected_parameters,
+    hook_call_problem,
+    setup_arguments,
+    takes_device_id,
+    taking_parameters_of,
+)
 
 pytestmark = pytest.mark.unit
 
@@ -331,3 +346,33 @@ def test_an_iterable_of_indices_is_a_sampler_the_hook_may_return():
                                              enable_model_summary=False)
     trainer.fit(model)
     assert list(trainer.train_dataloader.sampler) == [3, 2, 1, 0]
+
+
+def test_the_setup_hooks_signature_is_written_once_and_the_mixin_the_doctor_and_the_messages_show_it():
+    the_one = list(inspect.signature(default_setup_distributed_backend).parameters.values())
+    for method in (DistributedHooksMixin.setup_distributed_backend, DoctorModule.setup_distributed_backend):
+        self_parameter, *parameters = inspect.signature(method).parameters.values()
+        assert self_parameter.name == "self" and parameters == the_one
+        assert typing.get_type_hints(method) == typing.get_type_hints(default_setup_distributed_backend)
+        assert takes_device_id(method)
+        assert hook_call_problem("setup_distributed_backend", functools.partial(method, None)) is None
+    assert expected_parameters("setup_distributed_backend") == (
+        "backend, init_method, rank, world_size, timeout, device_id=None")
+    assert expected_parameters("configure_sampler") == "dataloader, stage"
+
+
+def test_an_override_declared_with_the_hooks_parameters_reads_them_by_name_however_it_is_called():
+    class Module:
+        @taking_parameters_of(default_setup_distributed_backend)
+        def setup_distributed_backend(self, *args, **kwargs):
+            return setup_arguments(*args, **kwargs)
+
+    timeout = timedelta(seconds=5)
+    positional = Module().setup_distributed_backend("gloo", "env://", 1, 2, timeout)
+    by_name = Module().setup_distributed_backend("gloo", "env://", rank=1, world_size=2, timeout=timeout,
+                                                 device_id=torch.device("cpu"))
+    assert positional == {"backend": "gloo", "init_method": "env://", "rank": 1, "world_size": 2,
+                          "timeout": timeout, "device_id": None}
+    assert by_name == {**positional, "device_id": torch.device("cpu")}
+    with pytest.raises(TypeError, match="missing a required argument: 'timeout'"):
+        Module().setup_distributed_backend("gloo", "env://", 1, 2)

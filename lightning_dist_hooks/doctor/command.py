@@ -40,6 +40,7 @@ from lightning_dist_hooks.doctor.gathered import gathered_verdicts
 from lightning_dist_hooks.doctor.measure import measure_allreduce
 from lightning_dist_hooks.doctor.sockets import opened_by
 from lightning_dist_hooks.doctor.tokens import Token
+from lightning_dist_hooks.hooks import default_setup_distributed_backend, setup_arguments, taking_parameters_of
 from lightning_dist_hooks.init_methods import (
     LIGHTNING_DEFAULT,
     InitMethod,
@@ -251,19 +252,16 @@ class DoctorModule(LightningModule):
         super().__init__()
         self.checkup = checkup
 
-    def setup_distributed_backend(
-        self,
-        backend: str,
-        init_method: str,
-        rank: int,
-        world_size: int,
-        timeout: timedelta,
-        device_id: torch.device | None = None,
-    ) -> None:
-        self.checkup.check_before_rendezvous(self.trainer, backend, init_method, rank, world_size)
+    @taking_parameters_of(default_setup_distributed_backend)
+    def setup_distributed_backend(self, *args: Any, **kwargs: Any) -> None:
+        called = setup_arguments(*args, **kwargs)
+        backend = called["backend"]
+        self.checkup.check_before_rendezvous(
+            self.trainer, backend, called["init_method"], called["rank"], called["world_size"]
+        )
         # Said here as well as around the hook: the doctor reads the sockets before the hook returns.
         with attributing_new_sockets(lambda: f"the {backend} backend, for connections between ranks"):
-            super().setup_distributed_backend(backend, init_method, rank, world_size, timeout, device_id)
+            super().setup_distributed_backend(*args, **kwargs)
         self.checkup.check_after_rendezvous(self.device)
 
     def validation_step(self, batch: Any, batch_idx: int) -> None:
