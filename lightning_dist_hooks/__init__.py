@@ -25,6 +25,7 @@ from lightning_dist_hooks.environments import (
     PALSEnvironment,
     detect_cluster_environment,
     register_cluster_environment,
+    register_launcher,
 )
 from lightning_dist_hooks.fabric import DistributedHooksFabricMixin
 from lightning_dist_hooks.hooks import (
@@ -80,4 +81,5 @@ __all__ = [
     "lightning_default_sampler",
     "register_cluster_environment",
     "register_init_method",
+    "register_launcher",
 ]

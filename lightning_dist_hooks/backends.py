@@ -14,6 +14,7 @@ import torch
 import torch.distributed as dist
 
 from lightning_dist_hooks import mpi
+from lightning_dist_hooks.launcher_variables import LaunchSize, SizeMismatch
 
 log = logging.getLogger(__name__)
 
@@ -204,7 +205,7 @@ def check_mpi_launch(
             f"MPICH/Intel MPI, MVAPICH or PMIx is set). Start the script with `mpirun -n {expected} python ...` (or "
             f"`srun --mpi=pmix --ntasks-per-node={num_devices} python ...` under SLURM), or use {otherwise}."
         )
-    if launch.world_size == expected:
+    if SizeMismatch.WORLD_SIZE not in LaunchSize(launch.world_size).mismatches(num_devices, num_nodes):
         return
     if devices_by_default is not None:
         raise ValueError(

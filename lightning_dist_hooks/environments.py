@@ -2,13 +2,14 @@
 (Hydra), MVAPICH2, Flux and PBS Pro with HPE PALS.
 
 Each launcher is one table of the environment variables it sets for every process (submitit's idea; the tables are
-in :mod:`lightning_dist_hooks.launcher_variables`), read by the shared base class :class:`LauncherEnvironment`.
-None of them initialises MPI to detect itself: they read variables only, unlike Lightning's
+in :mod:`lightning_dist_hooks.launcher_variables`), and each class here is made from its table
+(:func:`register_launcher`): a subclass of :class:`LauncherEnvironment`, which reads the table, with nothing of its
+own. None of them initialises MPI to detect itself: they read variables only, unlike Lightning's
 ``MPIEnvironment.detect()``, which calls ``MPI_Init`` through mpi4py as a side effect.
 
 Use one explicitly with ``Trainer(plugins=[OpenMPIEnvironment()])``, or let ``lightning_dist_hooks.Trainer``
 pick it: :func:`detect_cluster_environment` gives the environment in the priority order below, to which
-:func:`register_cluster_environment` adds your own.
+:func:`register_launcher` adds a table of your own (and :func:`register_cluster_environment` a class).
 
 The classes import no Lightning package, so that they serve both: each package's ``ClusterEnvironment`` (an ABC)
 registers :class:`LauncherEnvironment` as a virtual subclass (:func:`register_with`) when an environment is made
@@ -34,7 +35,7 @@ from lightning_dist_hooks._lightning_internals import (
     Flavour,
     flavour_of,
 )
-from lightning_dist_hooks.launcher_variables import LauncherVariables
+from lightning_dist_hooks.launcher_variables import LauncherVariables, LaunchSize, SizeMismatch
 
 if TYPE_CHECKING:
     from lightning_dist_hooks._lightning_internals import ClusterEnvironment
@@ -52,12 +53,13 @@ class LauncherEnvironment(ABC):
     """A launcher described by the environment variables it sets in every process it starts.
 
     Subclasses give the table (``variables``, a :class:`~lightning_dist_hooks.launcher_variables.LauncherVariables`);
-    everything else is shared. A launcher of your own, made detectable with :func:`register_cluster_environment`::
+    everything else is shared. :func:`register_launcher` makes the subclass from a table and makes it detectable::
 
-        class SiteLauncherEnvironment(LauncherEnvironment):
-            variables = LauncherVariables(detect=("SITE_RANK", "SITE_SIZE", "SITE_LOCAL_RANK"), rank="SITE_RANK",
-                                          world_size="SITE_SIZE", local_rank="SITE_LOCAL_RANK",
-                                          identity=(("SITE_JOB_ID",),))
+        SiteEnvironment = register_launcher(
+            LauncherVariables(detect=("SITE_RANK", "SITE_SIZE", "SITE_LOCAL_RANK"), rank="SITE_RANK",
+                              world_size="SITE_SIZE", local_rank="SITE_LOCAL_RANK", identity=(("SITE_JOB_ID",),),
+                              name="SiteEnvironment")
+        )
 
     * ``detect()``: every variable in ``variables.detect`` is set;
     * ranks and world size: straight from the variables;
@@ -67,8 +69,9 @@ class LauncherEnvironment(ABC):
       default of every launcher here) with the same number of ranks on each node; Lightning uses the node rank only
       for its own logging and paths, never to address a peer;
     * main address (read only for ``env://``): ``MASTER_ADDR``, else the scheduler's own
-      (:meth:`scheduler_main_address`), else ``127.0.0.1`` when all ranks are on this node; otherwise a
-      ``RuntimeError`` saying to use ``file://`` or set ``MASTER_ADDR``. A ``file://`` rendezvous never reads it;
+      (:meth:`scheduler_main_address`: the first line of the file ``variables.main_address_file`` names), else
+      ``127.0.0.1`` when all ranks are on this node; otherwise a ``RuntimeError`` saying to use ``file://`` or set
+      ``MASTER_ADDR``. A ``file://`` rendezvous never reads it;
     * main port (read only for ``env://``): ``MASTER_PORT``, else one derived from the job identity, else 29500.
     """
 
@@ -79,7 +82,7 @@ class LauncherEnvironment(ABC):
 
     @classmethod
     def detect(cls) -> bool:
-        return all(name in os.environ for name in cls.variables.detect)
+        return cls.variables.detected(os.environ)
 
     @property
     def creates_processes_externally(self) -> bool:
@@ -129,8 +132,15 @@ class LauncherEnvironment(ABC):
         """Nothing to undo: reading variables changes nothing (Lightning's ``ClusterEnvironment`` API)."""
 
     def scheduler_main_address(self) -> str | None:
-        """Rank 0's host as the scheduler tells it, if it does (None here; PBS overrides it)."""
-        return None
+        """Rank 0's host as the scheduler tells it, if it does: the first line of the file that the variable
+        ``variables.main_address_file`` names (PBS's nodefile, where PALS places rank 0), else None."""
+        variable = self.variables.main_address_file
+        path = os.environ.get(variable) if variable is not None else None
+        if not path or not Path(path).is_file():
+            return None
+        with open(path) as lines:
+            first = lines.readline().strip()
+        return first or None
 
     @property
     def main_address(self) -> str:
@@ -164,27 +174,31 @@ def check_launch_matches_trainer(environment: LauncherEnvironment, num_devices: 
     """Raise ``ValueError`` unless the launch has ``num_devices * num_nodes`` ranks, ``num_devices`` on this node,
     placed in blocks (ranks ``n*k .. n*k+k-1`` on node ``n``) where the node rank is derived from the rank.
 
-    A round-robin placement (``mpirun --map-by node``) shows on a rank whose local rank differs from
-    ``global_rank % ranks_per_node``; the launcher then stops the ranks that could not tell.
+    The sizes are compared by :meth:`~lightning_dist_hooks.launcher_variables.LaunchSize.mismatches`, as for the MPI
+    transport and the doctor. A round-robin placement (``mpirun --map-by node``) shows on a rank whose local rank
+    differs from ``global_rank % ranks_per_node``; the launcher then stops the ranks that could not tell.
     """
     name = type(environment).__name__
     world_size = environment.world_size()
-    if world_size != num_devices * num_nodes:
+    node_rank = environment.variables.node_rank
+    names_the_node = node_rank is not None and node_rank in os.environ  # then nothing is derived from the rank
+    ranks_per_node = None if names_the_node else environment._ranks_per_node()
+    size = LaunchSize(world_size, per_node=() if ranks_per_node is None else (ranks_per_node,))
+    mismatches = size.mismatches(num_devices, num_nodes)
+    if SizeMismatch.WORLD_SIZE in mismatches:
         raise ValueError(
             f"{name}: the launcher started {world_size} processes ({environment.variables.world_size}={world_size}), "
             f"but the Trainer has devices={num_devices} and num_nodes={num_nodes}, i.e. {num_devices * num_nodes}. "
             f"Start {num_devices} processes on each of {num_nodes} nodes, or set devices and num_nodes to match."
         )
-    node_rank = environment.variables.node_rank
-    if node_rank is not None and node_rank in os.environ:
-        return  # the launcher names the node: nothing is derived
-    ranks_per_node = environment._ranks_per_node()
-    if ranks_per_node != num_devices:
+    if SizeMismatch.PER_NODE in mismatches:
         raise ValueError(
             f"{name}: the launcher placed {ranks_per_node} processes on each node, but the Trainer has "
             f"devices={num_devices}. Set devices={ranks_per_node}, or start {num_devices} processes per node "
             f"(e.g. mpirun --map-by ppr:{num_devices}:node)."
         )
+    if ranks_per_node is None:
+        return
     rank, local_rank = environment.global_rank(), environment.local_rank()
     if local_rank != rank % ranks_per_node:
         raise ValueError(
@@ -211,62 +225,27 @@ def _int_variable(name: str) -> int:
         raise RuntimeError(f"The launcher should set {name} to an integer, but it is {value!r}.") from None
 
 
-class OpenMPIEnvironment(LauncherEnvironment):
-    """Processes started by OpenMPI's ``mpirun``/``mpiexec`` (or PRRTE's ``prterun``); identity ``PMIX_NAMESPACE``."""
-
-    variables = launcher_variables.OPEN_MPI
-
-
-class HydraEnvironment(LauncherEnvironment):
-    """Processes started by the Hydra process manager: MPICH's and Intel MPI's ``mpiexec``/``mpirun``.
-
-    A process ``srun --mpi=pmi2`` started stays SLURM's (no ``MPI_LOCALRANKID``). Hydra names no launch, so the
-    identity is the enclosing allocation's.
-    """
-
-    variables = launcher_variables.HYDRA
+def _environment_class(variables: LauncherVariables, module: str) -> type[LauncherEnvironment]:
+    """The :class:`LauncherEnvironment` subclass that reads ``variables``, named ``variables.name``, documented by
+    ``variables.about``; ``module`` is where it is found by name again (pickle, a spawned process)."""
+    if not variables.name.isidentifier():
+        raise ValueError(
+            f"A launcher's table needs a class name to register, e.g. name='SiteEnvironment'; got {variables.name!r}."
+        )
+    namespace = {"variables": variables, "__doc__": variables.about or None, "__module__": module}
+    return type(variables.name, (LauncherEnvironment,), namespace)
 
 
-class MVAPICH2Environment(LauncherEnvironment):
-    """Processes started by MVAPICH2's ``mpirun_rsh`` or ``mpiexec``."""
-
-    variables = launcher_variables.MVAPICH2
-
-
-class FluxEnvironment(LauncherEnvironment):
-    """Tasks started by ``flux run`` / ``flux submit``; ``FLUX_JOB_ID`` is unique for every job, never reused.
-
-    Flux also sets ``PMI_RANK``/``PMI_SIZE`` (its PMI server), which is why Flux is detected before Hydra.
-    """
-
-    variables = launcher_variables.FLUX
-
-
-class PALSEnvironment(LauncherEnvironment):
-    """Processes started by HPE PALS's ``mpiexec`` inside a PBS Pro job.
-
-    PALS gives the node index (``PALS_NODEID``); the main address is the first host of ``PBS_NODEFILE``, where
-    PALS places rank 0.
-    """
-
-    variables = launcher_variables.PALS
-
-    def scheduler_main_address(self) -> str | None:
-        nodefile = os.environ.get("PBS_NODEFILE")
-        if not nodefile or not Path(nodefile).is_file():
-            return None
-        with open(nodefile) as lines:
-            first = lines.readline().strip()
-        return first or None
-
-
-LAUNCHER_ENVIRONMENTS: tuple[type[LauncherEnvironment], ...] = (
-    FluxEnvironment,
-    PALSEnvironment,
-    OpenMPIEnvironment,
-    MVAPICH2Environment,
-    HydraEnvironment,
+# The built-in launchers' classes, made from their tables, in the registry's order.
+LAUNCHER_ENVIRONMENTS: tuple[type[LauncherEnvironment], ...] = tuple(
+    _environment_class(variables, __name__) for variables in launcher_variables.launchers()
 )
+_BUILT_IN = {environment.variables: environment for environment in LAUNCHER_ENVIRONMENTS}
+OpenMPIEnvironment = _BUILT_IN[launcher_variables.OPEN_MPI]
+HydraEnvironment = _BUILT_IN[launcher_variables.HYDRA]
+MVAPICH2Environment = _BUILT_IN[launcher_variables.MVAPICH2]
+FluxEnvironment = _BUILT_IN[launcher_variables.FLUX]
+PALSEnvironment = _BUILT_IN[launcher_variables.PALS]
 
 # The built-in detection priority. The innermost launcher wins: the one that started this very process, which sets
 # per-process rank variables no outer launcher sets. Lightning's TorchElastic comes first as in Lightning; ours go
@@ -280,10 +259,11 @@ LAUNCHER_ENVIRONMENTS: tuple[type[LauncherEnvironment], ...] = (
 #   not nest). jsrun's variables are then the innermost, and the Trainer takes LSFEnvironment, where Lightning
 #   alone would take SLURMEnvironment. In every other case the choice among Lightning's classes is Lightning's.
 # * Flux before Hydra: Flux sets PMI_RANK/PMI_SIZE too. PALS before Hydra: PALS sets PMI_SIZE.
-# * ours before SLURM: an mpirun/flux/PALS inside an sbatch allocation inherits SLURM_* from the batch step
-#   (or from the srun that started its daemons), where SLURM_PROCID is not this process's rank. Each of ours
-#   requires a variable srun never sets (OMPI_COMM_WORLD_*, MPI_LOCALRANKID, MV2_*, FLUX_TASK_RANK, PBS_JOBID),
-#   so a process srun started, an OpenMPI program with PMIX_* from srun --mpi=pmix included, stays SLURM's.
+# * ours (in the launcher registry's order, launcher_variables.launchers()) before SLURM: an mpirun/flux/PALS
+#   inside an sbatch allocation inherits SLURM_* from the batch step (or from the srun that started its daemons),
+#   where SLURM_PROCID is not this process's rank. Each of ours requires a variable srun never sets
+#   (OMPI_COMM_WORLD_*, MPI_LOCALRANKID, MV2_*, FLUX_TASK_RANK, PBS_JOBID), so a process srun started, an OpenMPI
+#   program with PMIX_* from srun --mpi=pmix included, stays SLURM's.
 # * Lightning's MPIEnvironment is left out: its detect() initialises MPI. When nothing here detects, Lightning's
 #   own detection runs as usual and may still choose it.
 # An environment class: one of ours, or a ClusterEnvironment of either Lightning package (ours are registered as
@@ -339,10 +319,42 @@ def register_cluster_environment(
                 "place, or give your class another name."
             )
         _detection_order[names.index(environment.__name__)] = environment
-        return
-    if _name(before) not in names:  # by name, like the check above: a replaced class keeps its place
+    elif _name(before) not in names:  # by name, like the check above: a replaced class keeps its place
         raise ValueError(f"before={before!r} is not in the detection order {names}.")
-    _detection_order.insert(names.index(_name(before)), environment)
+    else:
+        _detection_order.insert(names.index(_name(before)), environment)
+    launcher_variables.arrange_launchers(
+        entry.variables
+        for entry in _detection_order
+        if isinstance(entry, type) and issubclass(entry, LauncherEnvironment)
+    )
+
+
+def register_launcher(
+    variables: LauncherVariables,
+    *,
+    before: DetectionEntry = "LSFEnvironment",
+    replace: bool = False,
+    module: str | None = None,
+) -> type[LauncherEnvironment]:
+    """Add a launcher from its table alone: the :class:`LauncherEnvironment` subclass named ``variables.name`` is
+    made, detected (:func:`register_cluster_environment`, whose ``before`` and ``replace`` these are), and the
+    launcher joins :func:`~lightning_dist_hooks.launcher_variables.launchers`. It then gets what the built-in ones
+    get: the Trainer's check of its sizes against ``devices`` and ``num_nodes``, a per-launch ``file://`` and
+    ``dir://`` rendezvous from its ``identity``, its variables scrubbed from jobs started inside it, and, with
+    ``mpi=True``, the MPI transport's detection of its ranks. Returns the class; bind it to a module-level name of
+    the same spelling in ``module`` (by default the caller's), where a spawned process finds it again::
+
+        SiteEnvironment = register_launcher(
+            LauncherVariables(detect=("SITE_RANK", "SITE_SIZE", "SITE_LOCAL_RANK"), rank="SITE_RANK",
+                              world_size="SITE_SIZE", local_rank="SITE_LOCAL_RANK", local_size="SITE_LOCAL_SIZE",
+                              identity=(("SITE_JOB_ID",),), name="SiteEnvironment", mpi=True)
+        )
+    """
+    caller = sys._getframe(1).f_globals.get("__name__", "__main__") if module is None else module
+    environment = _environment_class(variables, caller)
+    register_cluster_environment(environment, before=before, replace=replace)
+    return environment
 
 
 def detection_order(flavour: Flavour = PYTORCH_LIGHTNING) -> tuple[EnvironmentClass, ...]:

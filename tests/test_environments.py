@@ -36,15 +36,27 @@ from lightning_dist_hooks import (
     detect_cluster_environment,
     environments,
     launch_identity,
+    launcher_variables,
     mpi,
     register_cluster_environment,
+    register_launcher,
 )
 from lightning_dist_hooks._lightning_internals import PYTORCH_LIGHTNING
+from lightning_dist_hooks.backends import check_mpi_launch
+from lightning_dist_hooks.doctor.checks import check_launcher_layout
+from lightning_dist_hooks.doctor.facts import launcher_layout
 from lightning_dist_hooks.environment_plugin import with_detected_cluster_environment
 from lightning_dist_hooks.environments import LAUNCHER_ENVIRONMENTS, detection_order
 from lightning_dist_hooks.init_methods import FileInitMethod
 from lightning_dist_hooks.init_methods._shared_filesystem.launches import LAUNCH_TOKEN_VARIABLE
-from lightning_dist_hooks.launcher_variables import is_launcher_variable
+from lightning_dist_hooks.launcher_variables import (
+    LaunchSize,
+    SizeMismatch,
+    is_launcher_variable,
+    launchers,
+    started_by_an_mpi_launcher,
+    without_launcher_variables,
+)
 
 FIT_FLAGS = ["--backend", "gloo", "--setup-hook", "record", "--sampler-hook", "super", "--epochs", "1"]
 
@@ -298,6 +310,7 @@ SITE = {"SITE_RANK": "3", "SITE_SIZE": "8", "SITE_LOCAL_RANK": "1", "SITE_JOB_ID
 @pytest.fixture
 def detection_order_restored(monkeypatch):
     monkeypatch.setattr(environments, "_detection_order", list(environments.DETECTION_ORDER))
+    monkeypatch.setattr(launcher_variables, "_launchers", list(launcher_variables.launchers()))
 
 
 @pytest.mark.unit
@@ -340,6 +353,82 @@ def test_registration_takes_a_place_and_refuses_to_replace_silently(detection_or
 
 
 @pytest.mark.unit
+def test_the_classes_and_the_detection_order_are_made_from_the_launcher_tables(detection_order_restored):
+    ours = [entry for entry in detection_order() if issubclass(entry, LauncherEnvironment)]
+    assert [environment.variables for environment in ours] == list(launchers())
+    assert [environment.__name__ for environment in LAUNCHER_ENVIRONMENTS] == [table.name for table in launchers()]
+    assert PALSEnvironment.__doc__.startswith("Processes started by HPE PALS's ``mpiexec`` inside a PBS Pro job.")
+    assert PALSEnvironment.__module__ == "lightning_dist_hooks.environments"
+    register_cluster_environment(SiteLauncherEnvironment, before=OpenMPIEnvironment)  # a class: its table joins too
+    assert [table.name for table in launchers()] == ["FluxEnvironment", "PALSEnvironment", "",
+                                                      "OpenMPIEnvironment", "MVAPICH2Environment", "HydraEnvironment"]
+
+
+# A site's MPI launcher, added by its table alone: what the scheduler sets in each of 8 ranks, 2 on each of 4 nodes.
+SITE_MPI_TABLE = LauncherVariables(
+    detect=("SITEMPI_RANK", "SITEMPI_SIZE", "SITEMPI_LOCAL_RANK"), rank="SITEMPI_RANK", world_size="SITEMPI_SIZE",
+    local_rank="SITEMPI_LOCAL_RANK", local_size="SITEMPI_LOCAL_SIZE", identity=(("SITEMPI_JOB",),),
+    name="SiteMPIEnvironment", about="Processes started by the site's own MPI launcher.", mpi=True)
+SITE_MPI = {"SITEMPI_RANK": "3", "SITEMPI_SIZE": "8", "SITEMPI_LOCAL_RANK": "1", "SITEMPI_LOCAL_SIZE": "2",
+            "SITEMPI_JOB": "j-77"}
+
+
+@pytest.mark.unit
+def test_a_launcher_registered_by_its_table_gets_detection_the_size_checks_and_the_mpi_transport(
+        launcher_env, detection_order_restored):
+    SiteMPIEnvironment = register_launcher(SITE_MPI_TABLE)
+    assert issubclass(SiteMPIEnvironment, LauncherEnvironment) and SiteMPIEnvironment.__name__ == "SiteMPIEnvironment"
+    assert SiteMPIEnvironment.__module__ == __name__ and SiteMPIEnvironment.variables is SITE_MPI_TABLE
+    assert detection_order()[:3] == (TorchElasticEnvironment, SiteMPIEnvironment, LSFEnvironment)
+    assert launchers()[0] is SITE_MPI_TABLE
+    launcher_env({**SBATCH_STEP, **SITE_MPI})
+    assert detect_cluster_environment() is SiteMPIEnvironment
+    cluster = SiteMPIEnvironment()
+    assert (cluster.global_rank(), cluster.local_rank(), cluster.node_rank()) == (3, 1, 1)
+    assert launch_identity(cluster) == "SITEMPI_JOB=j-77"
+    # The MPI transport reads the table, and so does the scrub of a job started from inside this one.
+    assert mpi.detect_mpi_launch() == mpi.MpiLaunch(rank=3, world_size=8, local_rank=1, local_world_size=2)
+    assert started_by_an_mpi_launcher(os.environ)
+    assert without_launcher_variables({**SITE_MPI, "PATH": "/bin"}) == {"PATH": "/bin"}
+    # The one size check, from the Trainer's validation, the MPI transport's launch check and the doctor.
+    cluster.validate_settings(num_devices=2, num_nodes=4)
+    with pytest.raises(ValueError, match=r"SiteMPIEnvironment: the launcher started 8 processes \(SITEMPI_SIZE=8\)"):
+        cluster.validate_settings(num_devices=2, num_nodes=2)
+    with pytest.raises(ValueError, match=r"makes a world of 4 processes, but the MPI launcher started 8"):
+        check_mpi_launch("mpi4py", None, False, 2, 2)
+    check_mpi_launch("mpi4py", None, False, 2, 4)
+    layout = launcher_layout()
+    assert (layout.tasks_per_node, layout.nodes) == ([2], 4)
+    (tasks, nodes) = check_launcher_layout(layout, devices=2, num_nodes=2)
+    assert (tasks.status, nodes.status) == ("ok", "fail") and "num_nodes=2" in nodes.message
+
+
+@pytest.mark.unit
+def test_a_launcher_table_needs_a_class_name_to_register(detection_order_restored):
+    with pytest.raises(ValueError, match=r"needs a class name to register, e.g. name='SiteEnvironment'; got ''"):
+        register_launcher(SiteLauncherEnvironment.variables)
+    register_launcher(SITE_MPI_TABLE)
+    with pytest.raises(ValueError, match=r"SiteMPIEnvironment is already in the detection order"):
+        register_launcher(SITE_MPI_TABLE)
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize(
+    ("size", "devices", "num_nodes", "mismatches"),
+    [
+        (LaunchSize(8, (2,), 4), 2, 4, []),
+        (LaunchSize(8, (2,), 4), 2, 2, [SizeMismatch.WORLD_SIZE, SizeMismatch.NODES]),
+        (LaunchSize(8, (2,), 4), 4, 2, [SizeMismatch.PER_NODE, SizeMismatch.NODES]),
+        (LaunchSize(per_node=(4, 4, 3), nodes=3), 4, 3, [SizeMismatch.UNEVEN]),
+        (LaunchSize(world_size=6), 2, 3, []),  # nothing said per node: nothing compared there
+        (LaunchSize(), 2, 3, []),
+    ],
+)
+def test_one_size_check_compares_a_launch_with_devices_and_num_nodes(size, devices, num_nodes, mismatches):
+    assert size.mismatches(devices, num_nodes) == mismatches
+
+
+@pytest.mark.unit
 @pytest.mark.parametrize(
     ("variables", "node_rank"),
     [
@@ -355,7 +444,8 @@ def test_node_rank_is_derived_from_the_node_count_else_the_local_size(launcher_e
 
 @pytest.mark.unit
 @pytest.mark.parametrize(("environment", "variables"),
-                         [(OpenMPIEnvironment, OPENMPI), (HydraEnvironment, HYDRA), (MVAPICH2Environment, MVAPICH2)])
+                         [(OpenMPIEnvironment, OPENMPI), (HydraEnvironment, HYDRA), (MVAPICH2Environment, MVAPICH2),
+                          (PALSEnvironment, PALS)])
 def test_the_mpi_transport_reads_the_same_tables(launcher_env, environment, variables):
     launcher_env(variables)
     cluster = environment()

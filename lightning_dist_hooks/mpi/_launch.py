@@ -1,4 +1,5 @@
-"""Detect an MPI launcher (mpirun/mpiexec/srun --mpi) from the environment, without initialising MPI."""
+"""Detect an MPI launcher (mpirun/mpiexec/srun --mpi) from the environment, without initialising MPI: from the
+launchers' tables marked ``mpi`` (:mod:`lightning_dist_hooks.launcher_variables`), a registered one's included."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from ..launcher_variables import MPI_LAUNCHERS
+from ..launcher_variables import mpi_launchers
 
 
 @dataclass(frozen=True)
@@ -22,9 +23,10 @@ class MpiLaunch:
 def detect_mpi_launch(environ: Mapping[str, str] | None = None) -> MpiLaunch | None:
     """Return this process's place in the MPI job, or ``None`` when no MPI launcher started it.
 
-    Reads only environment variables set by Open MPI, MPICH/Intel MPI (Hydra, PMI) and MVAPICH, so it is cheap
-    and safe to call before deciding whether to initialise MPI at all. When the launcher does not export local
-    values, the process is assumed to be alone on its node (local rank 0 of 1)::
+    Reads only environment variables set by Open MPI, MPICH/Intel MPI (Hydra, PMI), MVAPICH, Cray PALS and any
+    launcher registered as an MPI launcher, so it is cheap and safe to call before deciding whether to initialise
+    MPI at all. When the launcher does not export local values, the process is assumed to be alone on its node
+    (local rank 0 of 1)::
 
         launch = detect_mpi_launch()
         if launch is not None:
@@ -33,7 +35,7 @@ def detect_mpi_launch(environ: Mapping[str, str] | None = None) -> MpiLaunch | N
     env = os.environ if environ is None else environ
     # Rank and size suffice: unlike environments.HydraEnvironment, this does not need to tell a process srun
     # started (PMI_RANK/PMI_SIZE without MPI_LOCALRANKID) from Hydra's, since MPI numbers both alike.
-    for launcher in MPI_LAUNCHERS:
+    for launcher in mpi_launchers():
         if launcher.rank in env and launcher.world_size in env:
             local_size = env.get(launcher.local_size, 1) if launcher.local_size else 1
             return MpiLaunch(

@@ -2,7 +2,8 @@
 
 A mismatch is a common reason a job hangs at its first rendezvous: its ranks wait for a world size of
 ``devices * num_nodes``, which the launcher did not start. The verdicts ``tasks-per-node`` and ``nodes`` come
-from the launcher's own variables before the rendezvous when it has them, else from the hosts the ranks report after.
+from the launcher's own variables before the rendezvous when it has them, else from the hosts the ranks report after;
+either way compared by the one launch-size check, :meth:`lightning_dist_hooks.launcher_variables.LaunchSize.mismatches`.
 """
 
 from __future__ import annotations
@@ -12,12 +13,14 @@ from typing import Any
 
 from lightning_dist_hooks.doctor.checks.verdict import FAIL, OK, Verdict
 from lightning_dist_hooks.doctor.facts import LauncherLayout
+from lightning_dist_hooks.launcher_variables import LaunchSize, SizeMismatch
 
 
 def check_launcher_layout(layout: LauncherLayout, devices: int, num_nodes: int) -> list[Verdict]:
     """The launcher's processes per node and node count against ``devices`` and ``num_nodes``."""
+    mismatches = LaunchSize(per_node=tuple(layout.tasks_per_node), nodes=layout.nodes).mismatches(devices, num_nodes)
     verdicts = []
-    if len(set(layout.tasks_per_node)) > 1:
+    if SizeMismatch.UNEVEN in mismatches:
         verdicts.append(
             Verdict(
                 "tasks-per-node",
@@ -27,7 +30,7 @@ def check_launcher_layout(layout: LauncherLayout, devices: int, num_nodes: int) 
                 f"start {devices} tasks on every node (e.g. srun --ntasks-per-node={devices})",
             )
         )
-    elif layout.tasks_per_node[0] != devices:
+    elif SizeMismatch.PER_NODE in mismatches:
         tasks = layout.tasks_per_node[0]
         verdicts.append(
             Verdict(
@@ -41,7 +44,7 @@ def check_launcher_layout(layout: LauncherLayout, devices: int, num_nodes: int) 
         )
     else:
         verdicts.append(Verdict("tasks-per-node", OK, f"{devices} processes per node ({layout.source}), as devices"))
-    if layout.nodes != num_nodes:
+    if SizeMismatch.NODES in mismatches:
         verdicts.append(
             Verdict(
                 "nodes",
@@ -61,8 +64,9 @@ def check_hosts(ranks: list[dict[str, Any]], devices: int, num_nodes: int) -> li
     """Where the ranks really run, by host name, when the launcher did not say (e.g. Lightning's own launcher)."""
     per_host = Counter(rank["host"] for rank in ranks)
     described = ", ".join(f"{host}: {count}" for host, count in sorted(per_host.items()))
+    mismatches = LaunchSize(per_node=tuple(per_host.values()), nodes=len(per_host)).mismatches(devices, num_nodes)
     verdicts = []
-    if any(count != devices for count in per_host.values()):
+    if SizeMismatch.UNEVEN in mismatches or SizeMismatch.PER_NODE in mismatches:
         verdicts.append(
             Verdict(
                 "tasks-per-node",
@@ -73,7 +77,7 @@ def check_hosts(ranks: list[dict[str, Any]], devices: int, num_nodes: int) -> li
         )
     else:
         verdicts.append(Verdict("tasks-per-node", OK, f"{devices} ranks on each host, as devices"))
-    if len(per_host) != num_nodes:
+    if SizeMismatch.NODES in mismatches:
         verdicts.append(
             Verdict(
                 "nodes",

@@ -23,23 +23,17 @@ from typing import TYPE_CHECKING
 
 from lightning_dist_hooks._lightning_internals import lightning_environment_name
 from lightning_dist_hooks.environments import LauncherEnvironment, identity_from
+from lightning_dist_hooks.launcher_variables import (
+    LAUNCH_TOKEN_VARIABLE,
+    LIGHTNING_IDENTITIES,
+    TORCHRUN_MULTI_NODE_IDENTITY,
+    TORCHRUN_SINGLE_NODE_IDENTITY,
+)
 
-# Set by the process that runs Lightning's own launcher (``ddp``), inherited by the children it starts
-# (Lightning's subprocess launcher copies os.environ into them). ``ddp_spawn``/``ddp_fork`` need no variable:
-# their children receive the resolved rendezvous path inside the pickled strategy.
-LAUNCH_TOKEN_VARIABLE = "LIGHTNING_DIST_HOOKS_LAUNCH_TOKEN"
-
-# Lightning's environments: which variables name one launch. SLURM: the job id survives a requeue, so the step id
-# (a new one for every srun) and the restart count (absent at first, 1, 2, ... after each requeue) go with it.
-# torchrun: the run id and, on one node, the restart count (see the module docstring). LSF: LSB_JOBINDEX tells
-# the elements of a job array apart.
-# Keyed by class name: either Lightning package's copy of the class.
-_LIGHTNING_IDENTITIES: dict[str, tuple[tuple[str, ...], ...]] = {
-    "SLURMEnvironment": (("SLURM_JOB_ID", "SLURM_STEP_ID", "SLURM_RESTART_COUNT"),),
-    "LSFEnvironment": (("LSB_JOBID", "LSB_JOBINDEX", "PMIX_NAMESPACE"),),
-}
-_TORCHRUN_SINGLE_NODE = (("TORCHELASTIC_RUN_ID", "TORCHELASTIC_RESTART_COUNT"),)
-_TORCHRUN_MULTI_NODE = (("TORCHELASTIC_RUN_ID",),)
+# The identities of our launchers are in their tables, those of Lightning's in LIGHTNING_IDENTITIES. Lightning's
+# subprocess launcher (``ddp``) copies os.environ, LAUNCH_TOKEN_VARIABLE included, into the children it starts;
+# ``ddp_spawn``/``ddp_fork`` need no variable: their children receive the resolved rendezvous path inside the
+# pickled strategy.
 
 _token_made_here: str | None = None
 
@@ -59,8 +53,8 @@ def launch_identity(environment: ClusterEnvironment) -> str | None:
         return _lightning_launch_token(environment)
     if name == "TorchElasticEnvironment":
         one_node = os.environ.get("GROUP_WORLD_SIZE", "1") == "1"
-        return identity_from(_TORCHRUN_SINGLE_NODE if one_node else _TORCHRUN_MULTI_NODE)
-    return identity_from(_LIGHTNING_IDENTITIES[name]) if name in _LIGHTNING_IDENTITIES else None
+        return identity_from(TORCHRUN_SINGLE_NODE_IDENTITY if one_node else TORCHRUN_MULTI_NODE_IDENTITY)
+    return identity_from(LIGHTNING_IDENTITIES[name]) if name in LIGHTNING_IDENTITIES else None
 
 
 def no_identity_shared_by_nodes(environment: ClusterEnvironment, num_nodes: int) -> str | None:
