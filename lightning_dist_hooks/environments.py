@@ -236,16 +236,41 @@ def _environment_class(variables: LauncherVariables, module: str) -> type[Launch
     return type(variables.name, (LauncherEnvironment,), namespace)
 
 
-# The built-in launchers' classes, made from their tables, in the registry's order.
+# The built-in launchers' classes: written out as classes (so that readers and type checkers see classes one can
+# subclass), each nothing but its table.
+class OpenMPIEnvironment(LauncherEnvironment):
+    __doc__ = launcher_variables.OPEN_MPI.about
+    variables = launcher_variables.OPEN_MPI
+
+
+class HydraEnvironment(LauncherEnvironment):
+    __doc__ = launcher_variables.HYDRA.about
+    variables = launcher_variables.HYDRA
+
+
+class MVAPICH2Environment(LauncherEnvironment):
+    __doc__ = launcher_variables.MVAPICH2.about
+    variables = launcher_variables.MVAPICH2
+
+
+class FluxEnvironment(LauncherEnvironment):
+    __doc__ = launcher_variables.FLUX.about
+    variables = launcher_variables.FLUX
+
+
+class PALSEnvironment(LauncherEnvironment):
+    __doc__ = launcher_variables.PALS.about
+    variables = launcher_variables.PALS
+
+
+# In the launcher registry's order.
+_BUILT_IN = {
+    environment.variables: environment
+    for environment in (OpenMPIEnvironment, HydraEnvironment, MVAPICH2Environment, FluxEnvironment, PALSEnvironment)
+}
 LAUNCHER_ENVIRONMENTS: tuple[type[LauncherEnvironment], ...] = tuple(
-    _environment_class(variables, __name__) for variables in launcher_variables.launchers()
+    _BUILT_IN[variables] for variables in launcher_variables.launchers()
 )
-_BUILT_IN = {environment.variables: environment for environment in LAUNCHER_ENVIRONMENTS}
-OpenMPIEnvironment = _BUILT_IN[launcher_variables.OPEN_MPI]
-HydraEnvironment = _BUILT_IN[launcher_variables.HYDRA]
-MVAPICH2Environment = _BUILT_IN[launcher_variables.MVAPICH2]
-FluxEnvironment = _BUILT_IN[launcher_variables.FLUX]
-PALSEnvironment = _BUILT_IN[launcher_variables.PALS]
 
 # The built-in detection priority. The innermost launcher wins: the one that started this very process, which sets
 # per-process rank variables no outer launcher sets. Lightning's TorchElastic comes first as in Lightning; ours go
