@@ -33,8 +33,13 @@ from lightning_dist_hooks.hooks import (
     default_setup_distributed_backend,
     lightning_default_sampler,
 )
-from lightning_dist_hooks.init_methods import InitMethod, Rendezvous, RendezvousDiagnostics, register_init_method
-from lightning_dist_hooks.init_methods._shared_filesystem.launches import launch_identity
+from lightning_dist_hooks.init_methods import (
+    InitMethod,
+    Rendezvous,
+    RendezvousDiagnostics,
+    launch_identity,
+    register_init_method,
+)
 from lightning_dist_hooks.launcher_variables import LauncherVariables
 from lightning_dist_hooks.process_group.create import DistributedSetupError
 from lightning_dist_hooks.sampling import SamplerHookError

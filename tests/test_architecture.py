@@ -172,3 +172,24 @@ def test_the_rooms_are_found_where_the_docs_say():
             "lightning_dist_hooks.init_methods._shared_filesystem.directory_store"} <= set(MODULES)
     assert eager_imports("lightning_dist_hooks.process_group.create") >= {
         "lightning_dist_hooks.process_group.progress", "lightning_dist_hooks.process_group.rendezvous_deadline"}
+
+
+def _closed_within(module: str) -> str | None:
+    """The package a module is closed within (docs/how-it-works.md, Conventions): the one holding its innermost part
+    with a leading underscore (``lightning_dist_hooks.mpi._engine``: ``lightning_dist_hooks.mpi``); None if open."""
+    parts = module.split(".")
+    for index in range(len(parts) - 1, 0, -1):
+        if parts[index].startswith("_") and not parts[index].startswith("__"):
+            return ".".join(parts[:index])
+    return None
+
+
+def test_a_closed_module_is_imported_only_from_inside_the_package_that_holds_it():
+    reaching_in = []
+    for module in MODULES:
+        for imported in imports(module, deferred=True) & MODULES.keys():
+            package = _closed_within(imported)
+            if package is not None and module != package and not module.startswith(f"{package}."):
+                reaching_in.append(f"{module} imports {imported}, closed within {package}")
+    assert reaching_in == [], "import it from the package's __init__, which re-exports what others need:\n" + "\n".join(
+        reaching_in)

@@ -11,8 +11,8 @@ import contextlib
 import os
 from pathlib import Path
 
-from lightning_dist_hooks.init_methods._shared_filesystem.janitor import Janitor
-from lightning_dist_hooks.init_methods._shared_filesystem.private_files import (
+from lightning_dist_hooks.init_methods import (
+    Janitor,
     open_private_directory,
     open_shared_directory,
     private_directory_name,

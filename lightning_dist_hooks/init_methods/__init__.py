@@ -27,6 +27,13 @@ from lightning_dist_hooks.init_methods._shared_filesystem.claims import FileRend
 from lightning_dist_hooks.init_methods._shared_filesystem.dir_scheme import DirInitMethod, DirRendezvous
 from lightning_dist_hooks.init_methods._shared_filesystem.directory_store import DirectoryStore, FilesystemOperations
 from lightning_dist_hooks.init_methods._shared_filesystem.file_scheme import FileInitMethod, rendezvous_file_for_job
+from lightning_dist_hooks.init_methods._shared_filesystem.janitor import Janitor
+from lightning_dist_hooks.init_methods._shared_filesystem.launches import launch_identity
+from lightning_dist_hooks.init_methods._shared_filesystem.private_files import (
+    open_private_directory,
+    open_shared_directory,
+    private_directory_name,
+)
 from lightning_dist_hooks.init_methods._store import EnvInitMethod, TcpInitMethod, TCPStoreInitMethod
 
 for _handler in (EnvInitMethod(), TcpInitMethod(), FileInitMethod(), DirInitMethod(), MpiInitMethod()):
@@ -43,6 +50,7 @@ __all__ = [
     "FileRendezvous",
     "FilesystemOperations",
     "InitMethod",
+    "Janitor",
     "MpiInitMethod",
     "Rendezvous",
     "RendezvousDiagnostics",
@@ -51,7 +59,11 @@ __all__ = [
     "default_init_method_for",
     "diagnostics_of",
     "init_method_handler",
+    "launch_identity",
+    "open_private_directory",
+    "open_shared_directory",
     "prepare_rendezvous",
+    "private_directory_name",
     "register_init_method",
     "registered_forms",
     "registered_schemes",
