@@ -155,6 +155,7 @@ def _rank(method: str, target: str, environment: dict[str, str], rank: int, worl
     finished[rank] = time.monotonic()
     private_kib[rank] = _private_kib()
     if method == "dir://":
+        assert store is not None
         operations[rank] = store.operations.total()
     # Every rank stays until all have passed the barrier: with gloo's lazy connection set-up a rank still connects
     # through the store after a faster one has left, and env://'s store lives in rank 0.

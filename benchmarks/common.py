@@ -115,7 +115,7 @@ def wait_all(processes: list[subprocess.Popen], timeout: float, log: Path,
     failed = [process.args for process in processes if process.returncode != 0]
     if failed:
         tail = log.read_text(errors="replace")[-4000:]
-        raise RuntimeError(f"benchmark process failed: {failed[0]}; end of {log}:\n{tail}")
+        raise RuntimeError(f"benchmark process failed: {failed[0]!s}; end of {log}:\n{tail}")
 
 
 def run_python(args: list[str], timeout: float, env: dict[str, str] | None = None) -> str:

@@ -27,7 +27,7 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 
 import numpy as np
@@ -121,7 +121,7 @@ def slowest_each(comm, seconds: list[float]) -> list[float]:
     return values.tolist()
 
 
-def timed_rounds(comm, runs: dict[str, Callable[[], None]], calls: int, rounds: int) -> dict[str, list[float]]:
+def timed_rounds(comm, runs: Mapping[str, Callable[[], object]], calls: int, rounds: int) -> dict[str, list[float]]:
     """Per round, the mean time per call of each implementation; every round runs each one ``calls`` times."""
     samples: dict[str, list[float]] = {name: [] for name in runs}
     for run in runs.values():  # warm-up: first-touch page faults, lazy allocations, connection set-up
@@ -274,7 +274,8 @@ def backward_tail_runs(
 ) -> tuple[dict[str, Callable[[], None]], dict[str, BackwardTailProbe]]:
     """DDP steps whose backward records its wait for outstanding buckets (``BackwardTailProbe``)."""
     inputs, targets = torch.randn(batch, 256), torch.randint(0, 10, (batch,))
-    runs, probes = {}, {}
+    runs: dict[str, Callable[[], None]] = {}
+    probes: dict[str, BackwardTailProbe] = {}
     for name, group in ((OURS, ours), (GLOO, None)):
         model = DistributedDataParallel(make_mlp(hidden), process_group=group)
         probe = probes[name] = BackwardTailProbe()

@@ -11,14 +11,18 @@ from __future__ import annotations
 import collections
 import os
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
 
-try:
+if TYPE_CHECKING:  # mypy checks benchmarks/ as the package; run as a script, its folder is on sys.path instead
     from . import mpi_allreduce as bench
-except ImportError:  # run as a script
-    import mpi_allreduce as bench
+else:
+    try:
+        from . import mpi_allreduce as bench
+    except ImportError:  # run as a script
+        import mpi_allreduce as bench
 
 GENERAL = "general path"
 NO_WRAPPER = "backend without torch's wrapper"

@@ -45,6 +45,7 @@ import zlib
 from array import array
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 from benchmarks.common import REPO, free_ports, job_environment, machine, package_module_alone, rotated, start, wait_all
 
@@ -210,7 +211,8 @@ class _Rank:
 
     def keys(self, count: int, tag: str) -> list[str]:
         """``count`` keys whose home in an MpiStore of this job is the next rank (another rank, from 2 ranks on)."""
-        home, keys, salt = (self.rank + 1) % self.size, [], 0
+        home, salt = (self.rank + 1) % self.size, 0
+        keys: list[str] = []
         while len(keys) < count:
             key = f"{tag}/r{self.rank}/{salt}"
             if zlib.crc32(key.encode()) % self.size == home:
@@ -264,7 +266,9 @@ def _store_as_before(store_class, create):
     addresses one key at a time, and poll pauses that ignore how many ranks share a core (20 us after any traffic)."""
     from lightning_dist_hooks.mpi._store_service import PollPauses
 
-    class MpiStoreBefore(store_class):
+    base: Any = store_class  # Any: mypy takes a base class chosen at run time only from a name typed Any
+
+    class MpiStoreBefore(base):
         def has_extended_api(self) -> bool:
             return False
 
@@ -286,6 +290,7 @@ def _rank_job(spec_path: Path) -> None:
         for method in rotated(methods, repetition + node.size):
             trial = node.first_barrier(method, scratch, f"trial-{repetition}")
             if node.rank == 0:
+                assert trial is not None  # rank 0's
                 if repetition == 0:
                     result["first"][method] = trial
                 else:

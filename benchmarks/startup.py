@@ -19,7 +19,8 @@ def task_count(repetitions: int) -> int:
 
 def run(repetitions: int, workdir: Path, advance) -> dict:
     """Each repetition: one fresh import probe, then one launch per Trainer (order alternating)."""
-    imports, launches = [], {trainer: [] for trainer in TRAINERS}
+    imports: list[dict] = []
+    launches: dict[str, list[float]] = {trainer: [] for trainer in TRAINERS}
     for repetition in range(repetitions):
         imports.append(json.loads(run_python(["-m", "benchmarks.import_probe"], timeout=180)))
         advance(1)

@@ -15,6 +15,7 @@ import json
 import os
 import time
 from pathlib import Path
+from typing import Any
 
 import pytorch_lightning as pl
 import torch
@@ -56,7 +57,7 @@ def run_lightning(fit: dict, batches: int) -> list[float]:
     os.environ["MASTER_PORT"] = str(fit["port"])  # Lightning's env:// reads it when the fit starts
     variant = fit["variant"]
     trainer_class = pl.Trainer if variant == "pytorch_lightning" else lightning_dist_hooks.Trainer
-    extra = {"torch_dist_init_method": f"file://{fit['file']}"} if variant == "ours_file" else {}
+    extra: dict[str, Any] = {"torch_dist_init_method": f"file://{fit['file']}"} if variant == "ours_file" else {}
     model = (HookedClassifier if variant == "ours_hooks" else Classifier)(batches)
     clock = StepClock()
     trainer = trainer_class(**trainer_kwargs(batches), callbacks=[clock], **extra)

@@ -51,7 +51,9 @@ class Classifier(LightningModule):
     def configure_sampler(self, dataloader: DataLoader, stage: RunningStage) -> Sampler | None:
         if stage != RunningStage.TRAINING:
             return super().configure_sampler(dataloader, stage)  # Lightning's usual choice elsewhere
-        labels = dataloader.dataset.tensors[1]
+        dataset = dataloader.dataset
+        assert isinstance(dataset, TensorDataset)  # train_dataloader's
+        labels = dataset.tensors[1]
         class_weight = 1.0 / torch.bincount(labels).float()
         return DistributedWeightedSampler(
             class_weight[labels], num_samples=len(labels), rank=self.global_rank, world_size=self.trainer.world_size

@@ -40,8 +40,10 @@ class Regression(pl.LightningModule):
 
     def on_fit_end(self) -> None:
         if self.global_rank == 0:
+            trainer = self.trainer
+            assert isinstance(trainer, Trainer)  # this project's Trainer, which adds torch_dist_init_method
             print(f"cli ranks={self.trainer.world_size} backend={dist.get_backend()} "
-                  f"init_method={self.trainer.torch_dist_init_method}", flush=True)
+                  f"init_method={trainer.torch_dist_init_method}", flush=True)
 
 
 if __name__ == "__main__":

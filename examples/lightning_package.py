@@ -42,9 +42,11 @@ class Regression(L.LightningModule):
         gathered = [torch.empty_like(flat) for _ in range(self.trainer.world_size)]
         dist.all_gather(gathered, flat)
         if self.global_rank == 0:
+            trainer = self.trainer
+            assert isinstance(trainer, Trainer)  # this project's Trainer, which adds torch_dist_init_method
             same = all(torch.equal(gathered[0], other) for other in gathered[1:])
             print(f"package=lightning ranks={self.trainer.world_size} backend={dist.get_backend()} "
-                  f"init_method={self.trainer.torch_dist_init_method} weights_equal_on_all_ranks={same}", flush=True)
+                  f"init_method={trainer.torch_dist_init_method} weights_equal_on_all_ranks={same}", flush=True)
 
 
 def main() -> None:

@@ -98,15 +98,17 @@ class Regression(pl.LightningModule):
         flat = torch.cat([p.detach().flatten() for p in self.parameters()])
         gathered = [torch.empty_like(flat) for _ in range(self.trainer.world_size)]
         dist.all_gather(gathered, flat)
-        sockets: list[str | None] = [None] * self.trainer.world_size
+        sockets: list[str] = [""] * self.trainer.world_size
         dist.all_gather_object(sockets, f"(pid {os.getpid()}): {describe_listening_sockets()}")
         if self.global_rank == 0:
+            trainer = self.trainer
+            assert isinstance(trainer, Trainer)  # this project's Trainer, which adds torch_dist_init_method
             for rank, listening in enumerate(sockets):
                 print(f"rank {rank} {listening.replace(': ', ': listening TCP sockets: ', 1)}", flush=True)
             same = all(torch.equal(gathered[0], other) for other in gathered[1:])
             print(
                 f"ranks={self.trainer.world_size} backend={dist.get_backend()} "
-                f"init_method={self.trainer.torch_dist_init_method} weights_equal_on_all_ranks={same} "
+                f"init_method={trainer.torch_dist_init_method} weights_equal_on_all_ranks={same} "
                 f"final_loss={self.trainer.callback_metrics['loss'].item():.4f}",
                 flush=True,
             )

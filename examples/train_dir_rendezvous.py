@@ -49,10 +49,12 @@ class Regression(pl.LightningModule):
         gathered = [torch.empty_like(flat) for _ in range(self.trainer.world_size)]
         dist.all_gather(gathered, flat)
         if self.global_rank == 0:
+            trainer = self.trainer
+            assert isinstance(trainer, Trainer)  # this project's Trainer, which adds torch_dist_init_method
             same = all(torch.equal(gathered[0], other) for other in gathered[1:])
             print(
                 f"ranks={self.trainer.world_size} backend={dist.get_backend()} "
-                f"init_method={self.trainer.torch_dist_init_method} weights_equal_on_all_ranks={same} "
+                f"init_method={trainer.torch_dist_init_method} weights_equal_on_all_ranks={same} "
                 f"final_loss={self.trainer.callback_metrics['loss'].item():.4f}",
                 flush=True,
             )

@@ -87,10 +87,10 @@ class NodeProcesses:
     logs: dict[str, Path]
     processes: dict[str, subprocess.Popen]
 
-    def wait(self, timeout: float) -> dict[str, int]:
+    def wait(self, timeout: float) -> dict[str, int | None]:
         """Exit codes by name; every process tree still running at ``timeout`` is killed and reported as None."""
         deadline = time.monotonic() + timeout
-        codes = {}
+        codes: dict[str, int | None] = {}
         for name, process in self.processes.items():
             try:
                 codes[name] = process.wait(timeout=max(0.1, deadline - time.monotonic()))

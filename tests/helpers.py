@@ -18,6 +18,7 @@ from types import ModuleType
 
 import pytest
 from jobs.sockets import listening_tcp_ports
+from lightning_fabric.plugins.environments import LightningEnvironment
 
 from lightning_dist_hooks import mpi
 from lightning_dist_hooks.launcher_variables import without_launcher_variables
@@ -112,10 +113,12 @@ def _tails(logs: list[Path]) -> str:
     return "\n".join(f"===== {log.name}\n{log.read_text()[-4000:]}" for log in logs)
 
 
-class Rank:
-    """What a rendezvous handler asks of its cluster environment: this process's global rank and the world size."""
+class Rank(LightningEnvironment):
+    """What a rendezvous handler asks of its cluster environment: this process's global rank and the world size (a
+    ClusterEnvironment, as the handlers' signatures say; nothing else of it is asked)."""
 
     def __init__(self, rank: int, world_size: int = 2) -> None:
+        super().__init__()
         self.rank, self.size = rank, world_size
 
     def global_rank(self) -> int:
@@ -216,6 +219,7 @@ def _listening_while_paused(job: subprocess.Popen, pause_dir: Path, ranks: int, 
                             ) -> dict[int, set[int]]:
     deadline = time.monotonic() + timeout_s
     pid_files = [pause_dir / f"rank{rank}.pid" for rank in range(ranks)]
+    assert job.stdout is not None  # run_mpi_job starts it with stdout=PIPE
     while not all(path.exists() for path in pid_files):
         assert job.poll() is None, f"the job ended before pausing:\n{job.stdout.read()[-6000:]}"
         assert time.monotonic() < deadline, f"the job did not pause within {timeout_s} s"

@@ -67,7 +67,7 @@ def _absolute(module: str, node: ast.ImportFrom, modules: dict[str, Path]) -> st
 def imports(module: str, modules: dict[str, Path] = MODULES, deferred: bool = False) -> set[str]:
     """Every module (of ``modules`` or not) that importing ``module`` imports directly; with ``deferred``, also those
     that its functions import when they run."""
-    found = set()
+    found: set[str] = set()
 
     def visit(node: ast.AST) -> None:
         if isinstance(node, ast.Import):
@@ -98,7 +98,7 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     index: dict[str, int] = {}
     low: dict[str, int] = {}
     stack: list[str] = []
-    found = []
+    found: list[list[str]] = []
 
     def connect(node: str) -> None:
         index[node] = low[node] = len(index)
@@ -110,7 +110,7 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
             elif neighbour in stack:
                 low[node] = min(low[node], index[neighbour])
         if low[node] == index[node]:
-            group = []
+            group: list[str] = []
             while not group or group[-1] != node:
                 group.append(stack.pop())
             if len(group) > 1:

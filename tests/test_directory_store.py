@@ -17,6 +17,7 @@ from lightning_fabric.plugins.environments import LightningEnvironment
 
 from lightning_dist_hooks.init_methods import DirectoryStore, init_method_handler, validate_init_method
 from lightning_dist_hooks.init_methods._shared_filesystem import directory_store
+from lightning_dist_hooks.init_methods._shared_filesystem.dir_scheme import DirRendezvous
 
 SHORT = timedelta(seconds=0.3)
 
@@ -260,6 +261,7 @@ def test_prepare_makes_a_fresh_store_directory_and_finish_removes_everything(tmp
     url = validate_init_method(f"dir://{tmp_path}/run42")
     handler = init_method_handler(url)
     rendezvous = handler.prepare(url, _TwoRanks())
+    assert isinstance(rendezvous, DirRendezvous) and rendezvous.store is not None
     private = tmp_path / f"ldh-uid-{os.geteuid()}"
     assert rendezvous.init_method == f"dir://{private}/run42"
     (store_directory,) = [path for path in private.iterdir() if path.is_dir()]

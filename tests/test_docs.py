@@ -97,8 +97,9 @@ def test_the_readme_is_short_enough_to_read_in_ten_minutes():
 
 def _quick_start_commands() -> list[str]:
     section = README.read_text(encoding="utf-8").split("## Quick start", 1)[1]
-    block = re.search(r"```bash\n(.*?)```", section, re.DOTALL).group(1)
-    return [line.split("#", 1)[0].strip() for line in block.splitlines() if line.strip()]
+    block = re.search(r"```bash\n(.*?)```", section, re.DOTALL)
+    assert block, "README.md's Quick start has no bash block"
+    return [line.split("#", 1)[0].strip() for line in block.group(1).splitlines() if line.strip()]
 
 
 def test_the_quick_start_is_two_commands_and_ci_runs_its_test_command():
@@ -192,6 +193,7 @@ def test_the_flags_docs_the_hook_and_both_trainers_list_every_registered_scheme_
 
     schemes = [f'"{scheme}://' for scheme in init_methods.registered_schemes()]
     assert {"env", "tcp", "file", "dir", "mpi"} <= {scheme[1:-3] for scheme in schemes}
+    assert DistributedHooksMixin.setup_distributed_backend.__doc__
     hook_doc = " ".join(DistributedHooksMixin.setup_distributed_backend.__doc__.split())
     for package in BOTH:
         trainer_doc = " ".join(package.ours.Trainer.__init__.__doc__.split())

@@ -77,6 +77,13 @@ def test_listening_sockets_of_this_process_are_read_from_proc():
     assert [each for each in listening_sockets() if each.port == port] == []
 
 
+def mpi_sockets_verdict(backend: str, ranks: list[dict], spans_nodes: bool) -> Verdict:
+    """``check_mpi_sockets`` where the backend or the launch is MPI's: there it always gives a verdict."""
+    verdict = check_mpi_sockets(backend, ranks, spans_nodes)
+    assert verdict is not None
+    return verdict
+
+
 MPI_OPENED = "the MPI library, initialised before the rendezvous"
 SLURMSTEPD = "inherited from the launcher (slurmstepd, pid 1234)"
 
@@ -84,18 +91,18 @@ SLURMSTEPD = "inherited from the launcher (slurmstepd, pid 1234)"
 def test_mpi_sockets_fail_on_one_node_warn_across_nodes_and_pass_when_none_listen():
     quiet = {"rank": 0, "listening": []}
     listening = {"rank": 1, "listening": [{"socket": "0.0.0.0:1025", "opened_by": MPI_OPENED}]}
-    assert check_mpi_sockets("mpi4py", [quiet, quiet], spans_nodes=False).status == OK
-    one_node = check_mpi_sockets("mpi", [quiet, listening], spans_nodes=False)
+    assert mpi_sockets_verdict("mpi4py", [quiet, quiet], spans_nodes=False).status == OK
+    one_node = mpi_sockets_verdict("mpi", [quiet, listening], spans_nodes=False)
     assert (one_node.status, one_node.ranks) == (FAIL, [1]) and "rank 1: 0.0.0.0:1025" in one_node.message
     assert "--mca btl self,vader" in one_node.fix
-    assert check_mpi_sockets("mpi4py", [quiet, listening], spans_nodes=True).status == WARN
+    assert mpi_sockets_verdict("mpi4py", [quiet, listening], spans_nodes=True).status == WARN
     assert check_mpi_sockets("gloo", [listening], spans_nodes=False) is None
 
 
 def test_a_socket_only_the_launcher_opened_passes_mpi_sockets_and_is_named():
     # srun --mpi=pmix with OMPI_MCA_btl=self,vader: both ranks hold slurmstepd's PMIx socket, inherited across exec.
     ranks = [{"rank": rank, "listening": [{"socket": "0.0.0.0:35929", "opened_by": SLURMSTEPD}]} for rank in (0, 1)]
-    verdict = check_mpi_sockets("mpi4py", ranks, spans_nodes=False)
+    verdict = mpi_sockets_verdict("mpi4py", ranks, spans_nodes=False)
     assert (verdict.status, verdict.ranks) == (OK, [])
     assert verdict.message == (
         "torch_dist_backend='mpi4py': neither MPI nor a rendezvous store opened a listening TCP socket; the ranks hold "
@@ -107,14 +114,14 @@ def test_a_socket_mpi_opened_still_fails_beside_the_launchers():
     launchers = {"socket": "0.0.0.0:35929", "opened_by": SLURMSTEPD}
     ranks = [{"rank": 0, "listening": [launchers]},
              {"rank": 1, "listening": [launchers, {"socket": "0.0.0.0:1025", "opened_by": MPI_OPENED}]}]
-    verdict = check_mpi_sockets("mpi", ranks, spans_nodes=False)
+    verdict = mpi_sockets_verdict("mpi", ranks, spans_nodes=False)
     assert (verdict.status, verdict.ranks) == (FAIL, [1])
     assert verdict.message == (
         "torch_dist_backend='mpi' on one node, yet ranks listen (rank 1: 0.0.0.0:1025): the MPI library opened them "
         "(Open MPI's tcp transport), though shared memory needs none; besides, the launcher's, which MPI did not "
         "open: 0.0.0.0:35929, inherited from the launcher (slurmstepd, pid 1234) by ranks [0, 1]")
     assert "export OMPI_MCA_btl=self,vader" in verdict.fix
-    assert check_mpi_sockets("mpi", ranks, spans_nodes=True).status == WARN
+    assert mpi_sockets_verdict("mpi", ranks, spans_nodes=True).status == WARN
 
 
 GLOO_OPENED = "the gloo backend, for connections between ranks"
@@ -125,9 +132,9 @@ def test_under_an_mpi_launcher_gloos_own_sockets_pass_and_the_mpi_librarys_fail_
     gloo = {"socket": "127.0.0.1:40000", "opened_by": GLOO_OPENED}
     mpi = {"socket": "0.0.0.0:1024", "opened_by": "the MPI library (Open MPI's tcp transport)"}
     quiet = [{"rank": 0, "mpi_launched": True, "listening": [gloo]}]
-    assert check_mpi_sockets("gloo", quiet, spans_nodes=False).status == OK
+    assert mpi_sockets_verdict("gloo", quiet, spans_nodes=False).status == OK
     assert check_mpi_sockets("gloo", [{**quiet[0], "mpi_launched": False}], spans_nodes=False) is None
-    verdict = check_mpi_sockets("gloo", [{"rank": 0, "mpi_launched": True, "listening": [gloo, mpi]}], False)
+    verdict = mpi_sockets_verdict("gloo", [{"rank": 0, "mpi_launched": True, "listening": [gloo, mpi]}], False)
     assert (verdict.status, verdict.ranks) == (FAIL, [0])
     assert "ranks listen (rank 0: 0.0.0.0:1024): the MPI library opened them (Open MPI's tcp transport)" in (
         verdict.message)
@@ -136,7 +143,7 @@ def test_under_an_mpi_launcher_gloos_own_sockets_pass_and_the_mpi_librarys_fail_
 
 def test_a_tcp_store_under_the_mpi_transport_is_named_as_the_stores_with_mpi_as_its_fix_not_open_mpis():
     store = {"socket": "[::]:29500", "opened_by": TCP_STORE_OPENED}
-    verdict = check_mpi_sockets("mpi4py", [{"rank": 0, "listening": [store]}, {"rank": 1, "listening": []}], False)
+    verdict = mpi_sockets_verdict("mpi4py", [{"rank": 0, "listening": [store]}, {"rank": 1, "listening": []}], False)
     assert (verdict.status, verdict.ranks) == (WARN, [0])
     assert verdict.message == (
         "torch_dist_backend='mpi4py' rank 0 serves a TCP rendezvous store (rank 0: [::]:29500), reachable by anyone "

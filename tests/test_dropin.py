@@ -6,6 +6,7 @@ import importlib
 import inspect
 import os
 import pickle
+from typing import Any
 
 import pytest
 from helpers import both_packages
@@ -60,7 +61,8 @@ def test_explicit_backend_and_file_rendezvous_train_the_same_weights(run_job, tm
 @pytest.mark.unit
 @both_packages
 def test_trainer_is_a_lightning_trainer_built_from_a_public_mixin(package):
-    pl, Trainer = package.pl, package.ours.Trainer
+    pl: Any = package.pl  # Any: mypy takes a base class chosen at run time only from a name typed Any
+    Trainer = package.ours.Trainer
     assert issubclass(Trainer, pl.Trainer) and issubclass(Trainer, DistributedHooksTrainerMixin)
 
     class ExistingTrainer(pl.Trainer):

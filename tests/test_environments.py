@@ -172,6 +172,7 @@ def test_main_port_derives_from_the_job_and_pals_address_from_the_nodefile(launc
 def test_detection_finds_lightnings_own_environments_of_the_package_asked_for(launcher_env, package):
     launcher_env(SRUN)
     flavour = _lightning_internals.flavour_of(package.ours.Trainer)
+    assert flavour is not None
     assert detect_cluster_environment(flavour) is package.fabric.plugins.environments.SLURMEnvironment
 
 
@@ -323,6 +324,7 @@ def test_a_registered_environment_is_detected_before_the_schedulers(launcher_env
                       torch_dist_init_method="env://")
     cluster = trainer.strategy.cluster_environment
     assert type(cluster) is SiteLauncherEnvironment and (cluster.global_rank(), cluster.world_size()) == (3, 8)
+    # A LauncherEnvironment is either package's ClusterEnvironment through ABC.register, which mypy cannot see.
     assert launch_identity(cluster) == "SITE_JOB_ID=77"
 
 
@@ -347,7 +349,7 @@ def test_registration_takes_a_place_and_refuses_to_replace_silently(detection_or
     assert OpenMPIEnvironment in order and environments.OpenMPIEnvironment not in order
     assert order.index(OpenMPIEnvironment) == environments.DETECTION_ORDER.index(environments.OpenMPIEnvironment)
     with pytest.raises(TypeError, match=r"needs a ClusterEnvironment subclass, got 'OpenMPI'"):
-        register_cluster_environment("OpenMPI")
+        register_cluster_environment("OpenMPI")  # type: ignore[arg-type]  # the wrong type is the test
     with pytest.raises(ValueError, match=r"before=<class '.*MPIEnvironment'> is not in the detection order"):
         register_cluster_environment(FluxEnvironmentOfAnotherSite, before=MPIEnvironment)
 
@@ -357,6 +359,7 @@ def test_the_classes_and_the_detection_order_are_made_from_the_launcher_tables(d
     ours = [entry for entry in detection_order() if issubclass(entry, LauncherEnvironment)]
     assert [environment.variables for environment in ours] == list(launchers())
     assert [environment.__name__ for environment in LAUNCHER_ENVIRONMENTS] == [table.name for table in launchers()]
+    assert PALSEnvironment.__doc__ is not None
     assert PALSEnvironment.__doc__.startswith("Processes started by HPE PALS's ``mpiexec`` inside a PBS Pro job.")
     assert PALSEnvironment.__module__ == "lightning_dist_hooks.environments"
     register_cluster_environment(SiteLauncherEnvironment, before=OpenMPIEnvironment)  # a class: its table joins too
@@ -398,6 +401,7 @@ def test_a_launcher_registered_by_its_table_gets_detection_the_size_checks_and_t
         check_mpi_launch("mpi4py", None, False, 2, 2)
     check_mpi_launch("mpi4py", None, False, 2, 4)
     layout = launcher_layout()
+    assert layout is not None
     assert (layout.tasks_per_node, layout.nodes) == ([2], 4)
     (tasks, nodes) = check_launcher_layout(layout, devices=2, num_nodes=2)
     assert (tasks.status, nodes.status) == ("ok", "fail") and "num_nodes=2" in nodes.message
@@ -450,6 +454,7 @@ def test_the_mpi_transport_reads_the_same_tables(launcher_env, environment, vari
     launcher_env(variables)
     cluster = environment()
     launch = mpi.detect_mpi_launch()
+    assert launch is not None
     assert (launch.rank, launch.world_size, launch.local_rank) == (cluster.global_rank(), cluster.world_size(),
                                                                    cluster.local_rank())
     assert launch.local_world_size == 2

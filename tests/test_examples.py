@@ -19,13 +19,20 @@ def run_example(name: str, tmp_path, *args: str):
     return run_command(command, cwd=tmp_path, out_dir=tmp_path / "none", timeout=240, env=job_environment())
 
 
+def final_loss(output: str) -> float:
+    """The ``final_loss=`` an example printed."""
+    printed = re.search(r"final_loss=([\d.]+)", output)
+    assert printed, output[-3000:]
+    return float(printed.group(1))
+
+
 def test_file_rendezvous_example_trains_equal_weights_and_cleans_up(tmp_path):
     rendezvous_dir = tmp_path / "shared"
     rendezvous_dir.mkdir()
     result = run_example("ddp_file_rendezvous.py", tmp_path, "--rendezvous-dir", str(rendezvous_dir)).assert_ok()
     assert (f"ranks=2 backend=gloo init_method=file://{rendezvous_dir}/ldh-uid-{os.geteuid()}/rendezvous "
             "weights_equal_on_all_ranks=True") in result.output
-    assert float(re.search(r"final_loss=([\d.]+)", result.output).group(1)) < 0.2
+    assert final_loss(result.output) < 0.2
     assert list(rendezvous_dir.iterdir()) == []
 
 
@@ -86,7 +93,7 @@ def test_mpirun_mpi_transport_example_trains_over_mpi_with_no_listening_socket(t
     command = ["timeout", "150", *openmpi_run(), sys.executable, str(REPO / "examples" / "mpirun_mpi_transport.py")]
     result = run_command(command, cwd=tmp_path, out_dir=tmp_path / "none", timeout=180).assert_ok()
     assert "ranks=2 backend=mpi4py init_method=mpi:// weights_equal_on_all_ranks=True" in result.output
-    assert float(re.search(r"final_loss=([\d.]+)", result.output).group(1)) < 0.2
+    assert final_loss(result.output) < 0.2
     for rank in (0, 1):
         assert re.search(rf"^rank {rank} \(pid \d+\): listening TCP sockets: none$", result.output, re.MULTILINE), (
             result.output[-3000:])
@@ -101,7 +108,7 @@ def test_mpirun_gloo_mpi_rendezvous_example_trains_with_gloo_meeting_over_mpi(tm
     result = run_command(command, cwd=tmp_path, out_dir=tmp_path / "none", timeout=180).assert_ok()
     assert "store: PrefixStore > PrefixStore > MpiStore" in result.output, result.output[-3000:]
     assert "ranks=2 backend=gloo init_method=mpi:// weights_equal_on_all_ranks=True" in result.output
-    assert float(re.search(r"final_loss=([\d.]+)", result.output).group(1)) < 0.2
+    assert final_loss(result.output) < 0.2
     assert "yet ranks listen" not in result.output  # shared memory only: nothing for the job's warning
 
 
@@ -144,7 +151,9 @@ def wait_for_slurm_job(job_id: str, timeout_s: float) -> tuple[str, int]:
             subprocess.run(["scancel", job_id], capture_output=True, timeout=30)
             raise AssertionError(f"SLURM job {job_id} did not end within {timeout_s} s: {record}")
         time.sleep(0.2)
-    exit_code, signal = map(int, re.search(r"\bExitCode=(\d+):(\d+)", record).groups())
+    exit_codes = re.search(r"\bExitCode=(\d+):(\d+)", record)
+    assert state and exit_codes, record
+    exit_code, signal = map(int, exit_codes.groups())
     return state.group(1), 128 + signal if signal else exit_code
 
 

@@ -55,7 +55,7 @@ def recorded_torch(monkeypatch: pytest.MonkeyPatch):
         dist.destroy_process_group()
 
 
-def _strategy(package, side: str, backend: str, device: torch.device):
+def _strategy(package, side: str, backend: str | None, device: torch.device):
     """A DDP strategy of the Trainer (``side="trainer"``) or of Fabric, for one rank on ``device``."""
     module = package.pl if side == "trainer" else package.fabric
     environment = package.fabric.plugins.environments.LightningEnvironment()  # both sides use Fabric's
@@ -78,7 +78,9 @@ def _create_ours(package, side: str, backend: str, device: torch.device, rendezv
     """Our path's group for the same rank: the strategy hooked by the flags, then the group created and destroyed."""
     strategy = _strategy(package, side, None, device)
     flags = Flags.checked(backend, f"file://{rendezvous}")
-    plan = BootstrapPlan.for_strategy(flags, strategy, _lightning_internals.flavour_of(strategy), owner=side)
+    flavour = _lightning_internals.flavour_of(strategy)
+    assert flavour is not None
+    plan = BootstrapPlan.for_strategy(flags, strategy, flavour, owner=side)
     hook_strategy(strategy, plan)
     _lightning_internals.set_world_ranks(strategy)
     create_process_group(strategy, plan, hook)

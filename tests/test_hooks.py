@@ -8,12 +8,14 @@ import functools
 import inspect
 import pickle
 import typing
+from collections.abc import Callable
 from datetime import timedelta
+from typing import Any, cast
 
 import pytest
 import torch
 from helpers import PYTORCH_LIGHTNING, both_packages
-from torch.utils.data import DataLoader
+from torch.utils.data import DataLoader, Dataset
 
 from lightning_dist_hooks import Trainer
 from lightning_dist_hooks.doctor.command import DoctorModule
@@ -50,8 +52,17 @@ def trainer_stopping_at_the_launcher(package, strategy="ddp_spawn"):
     return trainer, launches
 
 
+def ones(rows: int) -> DataLoader:
+    """A loader of ``rows`` samples ``[1.0]``: the tensor indexes as a map-style dataset, which torch's stubs leave out
+    (their ``Dataset`` is a class, not a protocol)."""
+    return DataLoader(cast(Dataset, torch.ones(rows, 1)))
+
+
 def module_class(package, **hooks):
-    class Model(package.pl.LightningModule):
+    # Typed Any: mypy takes a base class chosen at run time (either package's) only from a name typed Any.
+    pl: Any = package.pl
+
+    class Model(pl.LightningModule):
         def __init__(self):
             super().__init__()
             self.layer = torch.nn.Linear(1, 1)
@@ -63,7 +74,7 @@ def module_class(package, **hooks):
             return torch.optim.SGD(self.parameters(), lr=0.1)
 
         def train_dataloader(self):
-            return DataLoader(torch.ones(4, 1))
+            return ones(4)
 
     for name, hook in hooks.items():
         setattr(Model, name, hook)
@@ -116,9 +127,11 @@ def test_a_method_named_like_the_setup_hook_is_not_checked_where_no_process_grou
 
 
 def datamodule_class(package, hook):
-    class DataModule(package.pl.LightningDataModule):
+    pl: Any = package.pl  # Any: a base class chosen at run time (module_class)
+
+    class DataModule(pl.LightningDataModule):
         def train_dataloader(self):
-            return DataLoader(torch.ones(4, 1))
+            return ones(4)
 
     DataModule.configure_sampler = hook
     return DataModule
@@ -163,7 +176,7 @@ def test_a_hook_that_is_not_callable_is_refused():
         trainer.fit(module_class(PYTORCH_LIGHTNING, configure_sampler="random")())
 
 
-GOOD_SETUP_HOOKS = {
+GOOD_SETUP_HOOKS: dict[str, Callable[..., None]] = {
     "documented": lambda self, backend, init_method, rank, world_size, timeout, device_id=None: None,
     "five arguments": lambda self, backend, init_method, rank, world_size, timeout: None,
     "device_id keyword-only": lambda self, backend, init_method, rank, world_size, timeout, *, device_id: None,
@@ -172,7 +185,7 @@ GOOD_SETUP_HOOKS = {
     "*args, **kwargs": lambda self, *args, **kwargs: None,
     "other names": lambda self, b, url, r, n, t, device_id=None: None,
 }
-GOOD_SAMPLER_HOOKS = {
+GOOD_SAMPLER_HOOKS: dict[str, Callable[..., None]] = {
     "documented": lambda self, dataloader, stage: None,
     "optional extra": lambda self, dataloader, stage, extra=None: None,
     "*args": lambda self, *args: None,
@@ -200,7 +213,10 @@ def test_good_sampler_hooks_pass_the_check_on_the_module_and_the_datamodule(samp
 
 
 def test_the_hooks_mixins_defaults_pass_the_check():
-    class Model(PYTORCH_LIGHTNING.ours.LightningModule, module_class(PYTORCH_LIGHTNING)):
+    hooks_module: Any = PYTORCH_LIGHTNING.ours.LightningModule  # Any: bases chosen at run time (module_class)
+    model_class: Any = module_class(PYTORCH_LIGHTNING)
+
+    class Model(hooks_module, model_class):
         pass
 
     trainer, launches = trainer_stopping_at_the_launcher(PYTORCH_LIGHTNING)
@@ -266,7 +282,10 @@ def test_stage_prints_as_its_value_and_stands_for_lightnings_running_stage(packa
         assert type(again) is Stage and again.running_stage is running_stage and str(again) == value
 
 
-class SamplerRecorder(module_class(PYTORCH_LIGHTNING)):
+_Model: Any = module_class(PYTORCH_LIGHTNING)  # Any: a base class chosen at run time (module_class)
+
+
+class SamplerRecorder(_Model):
     def __init__(self):
         super().__init__()
         self.printed, self.stages = [], []
@@ -278,10 +297,10 @@ class SamplerRecorder(module_class(PYTORCH_LIGHTNING)):
         return self.layer(batch)
 
     def val_dataloader(self):
-        return DataLoader(torch.ones(2, 1))
+        return ones(2)
 
     def predict_dataloader(self):
-        return DataLoader(torch.ones(2, 1))
+        return ones(2)
 
     def configure_sampler(self, dataloader, stage):
         self.printed.append(str(stage))
@@ -307,9 +326,11 @@ def test_the_default_sampler_takes_a_stage_as_lightning_takes_its_running_stage(
 
     stages = PYTORCH_LIGHTNING.pl.trainer.states.RunningStage
     trainer = PYTORCH_LIGHTNING.ours.Trainer(accelerator="cpu", devices=1, logger=False)
-    loader = DataLoader(torch.ones(4, 1))
+    loader = ones(4)
     for member in stages.TRAINING, stages.PREDICTING:
-        ours, lightnings = (lightning_default_sampler(trainer, loader, stage) for stage in (Stage(member), member))
+        # The hook's Stage, which the function takes (as_running_stage) though its annotation says RunningStage.
+        ours, lightnings = (lightning_default_sampler(trainer, loader, stage)  # type: ignore[arg-type]
+                            for stage in (Stage(member), member))
         assert type(ours) is type(lightnings)
 
 
@@ -368,11 +389,12 @@ def test_an_override_declared_with_the_hooks_parameters_reads_them_by_name_howev
             return setup_arguments(*args, **kwargs)
 
     timeout = timedelta(seconds=5)
-    positional = Module().setup_distributed_backend("gloo", "env://", 1, 2, timeout)
-    by_name = Module().setup_distributed_backend("gloo", "env://", rank=1, world_size=2, timeout=timeout,
+    module: Any = Module()  # the decorator declares the hook's result (None); this override returns what it read
+    positional = module.setup_distributed_backend("gloo", "env://", 1, 2, timeout)
+    by_name = module.setup_distributed_backend("gloo", "env://", rank=1, world_size=2, timeout=timeout,
                                                  device_id=torch.device("cpu"))
     assert positional == {"backend": "gloo", "init_method": "env://", "rank": 1, "world_size": 2,
                           "timeout": timeout, "device_id": None}
     assert by_name == {**positional, "device_id": torch.device("cpu")}
     with pytest.raises(TypeError, match="missing a required argument: 'timeout'"):
-        Module().setup_distributed_backend("gloo", "env://", 1, 2)
+        module.setup_distributed_backend("gloo", "env://", 1, 2)

@@ -62,6 +62,7 @@ def test_a_handler_without_a_scheme_is_refused(registry):
 def test_every_step_has_a_default(registry):
     register_init_method(_Named())
     flags = Flags.checked("gloo", "named://anything")
+    assert flags.init_method is not None
     init_method = flags.init_method.resolved_for(LightningEnvironment(), num_nodes=1)
     assert init_method.resolved == "named://anything"
     handler = init_method_handler(init_method.resolved)
@@ -86,7 +87,8 @@ def test_a_registered_scheme_decides_its_backends_and_is_a_backends_default(regi
             return "solo://" if backend == "gloo" else None
 
     register_init_method(Solo())
-    assert Flags.checked("gloo", None).init_method.given == "solo://"
+    init_method = Flags.checked("gloo", None).init_method
+    assert init_method is not None and init_method.given == "solo://"
     with pytest.raises(ValueError, match=r"solo:// needs gloo, not None"):
         Flags.checked(None, "solo://")
     with pytest.raises(ValueError, match=r"solo:// takes no address; there is one rank."):

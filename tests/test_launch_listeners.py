@@ -140,6 +140,7 @@ def without_btl_choice(env: dict[str, str]) -> dict[str, str]:
 def mpirun(*flags: str) -> list[str]:
     """``mpirun -n 2`` on one node with its out-of-band channel restricted to loopback (as the other tests run it)."""
     root = ["--allow-run-as-root"] if os.geteuid() == 0 else []
+    assert OPENMPI_MPIRUN is not None  # the tests that run it need Open MPI's mpirun
     return [
         OPENMPI_MPIRUN,
         "-n",

@@ -7,6 +7,7 @@ import importlib
 import inspect
 import os
 import sys
+from typing import Any
 
 import pytest
 import torch
@@ -22,7 +23,9 @@ CLI_JOB = REPO / "tests" / "jobs" / "cli_job.py"
 def cli(package, args, **kwargs):
     LightningCLI = importlib.import_module(f"{package.pytorch_module}.cli").LightningCLI
 
-    class Model(package.pl.LightningModule):
+    pl: Any = package.pl  # Any: mypy takes a base class chosen at run time only from a name typed Any
+
+    class Model(pl.LightningModule):
         def __init__(self, width: int = 4) -> None:
             super().__init__()
             self.layer = torch.nn.Linear(width, 1)

@@ -12,6 +12,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -35,10 +36,10 @@ WATCHDOG_TIMEOUT_S = 5
 WATCHDOG_MARGIN_S = 15
 
 
-def run_mpi(script: str | Path, *args: str, **options: Path) -> MpiJob:
+def run_mpi(script: str | Path, *args: str, report_dir: Path | None = None, pause_dir: Path | None = None) -> MpiJob:
     """Run ``script`` (a name in tests/mpi/, or a path) under ``mpirun -n 2``; stdout and stderr together in
     ``.output``."""
-    return run_mpi_job(script, *args, timeout_s=JOB_TIMEOUT_S, **options)
+    return run_mpi_job(script, *args, timeout_s=JOB_TIMEOUT_S, report_dir=report_dir, pause_dir=pause_dir)
 
 
 # --- without MPI ----------------------------------------------------------------------------------------------
@@ -74,7 +75,9 @@ def test_a_reduce_op_hashes_to_its_op_code() -> None:
     dist = torch.distributed
     ops = [op for name, op in dist.ReduceOp.RedOpType.__members__.items() if name != "PREMUL_SUM"]
     for op in [*ops, dist._make_nccl_premul_sum(2.0)]:  # PREMUL_SUM exists only with its factor
-        options = dist.AllreduceOptions()
+        # Any: torch's stubs give ReduceOp no ``op`` and take no RedOpType member, which torch's collectives set
+        # (pybind11 converts it).
+        options: Any = dist.AllreduceOptions()
         options.reduceOp = op
         assert hash(options.reduceOp) == options.reduceOp.op.value
     assert len(ops) + 1 == len(dist.ReduceOp.RedOpType.__members__)

@@ -11,7 +11,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
-from helpers import run_mpi_job
+from helpers import MpiJob, run_mpi_job
 from test_mpi_store import needs_mpi_store
 
 from lightning_dist_hooks.mpi._rendezvous import MPI_START_UP
@@ -20,7 +20,7 @@ TIMEOUT_S = 20  # the process group's; the rendezvous may take 10 s more (wait_s
 LATE_S = 12  # past the first report (10 s), within the timeout
 
 
-def timed_job(*args: str) -> tuple[float, object]:
+def timed_job(*args: str) -> tuple[float, MpiJob]:
     began = time.monotonic()
     job = run_mpi_job("late_rank.py", *args, timeout_s=120)
     return time.monotonic() - began, job

@@ -396,7 +396,7 @@ TABLE_ROW = re.compile(r"^(\d+)\s+(\d+)\s+(\d+)\s+(\S+)\s+(\S+)\s+\d+\s", re.MUL
 
 
 def doctor_per_node(tmp_path: Path, flags: list[str],
-                    mount_namespace_on_node_1: str = "") -> tuple[dict[str, int], dict[str, str]]:
+                    mount_namespace_on_node_1: str = "") -> tuple[dict[str, int | None], dict[str, str]]:
     """The doctor started like ``lightning_per_node``'s job: Lightning's launcher once per node, with NODE_RANK
     and node 0's MASTER_ADDR/MASTER_PORT. ``mount_namespace_on_node_1``: a shell command run first, in a mount
     namespace of node 1's own. Returns each node's exit code (None: killed at the time limit) and output."""

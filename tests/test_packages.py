@@ -9,6 +9,7 @@ import subprocess
 import sys
 from importlib import metadata
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -33,7 +34,10 @@ OPENMPI_RANK_1_OF_2 = {"OMPI_COMM_WORLD_RANK": "1", "OMPI_COMM_WORLD_SIZE": "2",
 
 
 def model_of(package):
-    class Model(package.pl.LightningModule):
+    # Typed Any: mypy takes a base class chosen at run time (either package's) only from a name typed Any.
+    pl: Any = package.pl
+
+    class Model(pl.LightningModule):
         def __init__(self) -> None:
             super().__init__()
             self.layer = torch.nn.Linear(2, 1)
@@ -85,7 +89,9 @@ def test_a_fit_with_the_packages_own_module_strategy_and_checkpoint_callback(pac
 @pytest.mark.unit
 @both_packages
 def test_the_mixin_in_front_of_a_users_own_trainer_subclass(package, monkeypatch):
-    class UsersTrainer(package.pl.Trainer):
+    pl: Any = package.pl  # Any: a base class chosen at run time (model_of)
+
+    class UsersTrainer(pl.Trainer):
         def __init__(self, *, greeting: str = "hello", **kwargs) -> None:
             super().__init__(**kwargs)
             self.greeting = greeting
@@ -93,7 +99,7 @@ def test_the_mixin_in_front_of_a_users_own_trainer_subclass(package, monkeypatch
     class MyTrainer(DistributedHooksTrainerMixin, UsersTrainer):
         pass
 
-    class Direct(DistributedHooksTrainerMixin, package.pl.Trainer):
+    class Direct(DistributedHooksTrainerMixin, pl.Trainer):
         pass
 
     trainer = MyTrainer(accelerator="cpu", devices=2, strategy="ddp", greeting="hi", torch_dist_backend="gloo",
@@ -168,8 +174,9 @@ def test_an_mpi4py_outside_the_range_warns_naming_it(monkeypatch):
 
 @pytest.mark.unit
 def test_the_installed_metadata_declares_the_supported_ranges_and_the_installed_torch_is_inside():
-    declared = {requirement.name: requirement.specifier
-                for requirement in map(Requirement, metadata.requires("lightning-dist-hooks"))}
+    requirements = metadata.requires("lightning-dist-hooks")
+    assert requirements is not None
+    declared = {requirement.name: requirement.specifier for requirement in map(Requirement, requirements)}
     for distribution, specifier in supported_versions.SUPPORTED.items():
         assert declared[distribution] == SpecifierSet(specifier), distribution
     assert metadata.metadata("lightning-dist-hooks")["Requires-Python"] == supported_versions.PYTHON
@@ -200,7 +207,7 @@ def _resolve_private_name(dotted: str, package) -> bool:
     parts = spelled.split(".")
     for split in range(len(parts) - 1, 0, -1):
         try:
-            owner = importlib.import_module(".".join(parts[:split]))
+            owner: Any = importlib.import_module(".".join(parts[:split]))  # a module, then any attribute of it
         except ImportError:
             continue
         for name in parts[split:-1]:
@@ -209,7 +216,7 @@ def _resolve_private_name(dotted: str, package) -> bool:
             return True
         # An instance attribute: set in __init__ (building a Trainer would run Lightning's environment detection).
         assigned = rf"self\.{parts[-1]}\b[^=]*="
-        return isinstance(owner, type) and bool(re.search(assigned, inspect.getsource(owner.__init__)))
+        return inspect.isclass(owner) and bool(re.search(assigned, inspect.getsource(owner.__init__)))
     return False
 
 

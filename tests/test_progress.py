@@ -57,7 +57,12 @@ def test_other_ranks_report_at_debug_level_and_say_when_the_rendezvous_cannot_te
 def test_nothing_is_reported_when_the_wait_ends_before_the_first_report(caplog):
     caplog.set_level(logging.DEBUG, logger="lightning_dist_hooks.process_group.progress")
     asked = []
-    with rendezvous_progress(0, 2, "env://", timedelta(seconds=60), lambda: asked.append(1) or [1], FAST):
+
+    def ask() -> list[int]:
+        asked.append(1)
+        return [1]
+
+    with rendezvous_progress(0, 2, "env://", timedelta(seconds=60), ask, FAST):
         pass
     time.sleep(0.4)
     assert caplog.records == [] and asked == []
@@ -94,7 +99,9 @@ def test_a_rank_held_back_is_named_by_rank_0_while_it_waits(tmp_path, free_port,
     while not (reports := re.findall(r"rank 0: waiting for .*(?=\n)", (tmp_path / "rank0.log").read_text())):
         assert rank0.poll() is None and time.monotonic() < deadline, (tmp_path / "rank0.log").read_text()[-4000:]
         time.sleep(0.2)
-    printed = Path(re.fullmatch(rf"rank 0: waiting for .* through {scheme}://(/\S+), \d+ s of 60 s", reports[0])[1])
+    report = re.fullmatch(rf"rank 0: waiting for .* through {scheme}://(/\S+), \d+ s of 60 s", reports[0])
+    assert report, reports[0]
+    printed = Path(report[1])
     assert printed == rendezvous / f"ldh-uid-{os.geteuid()}" / "run"
     assert printed.parent.is_dir() and printed.is_file(), sorted(rendezvous.rglob("*"))  # rank 0 made it: ls finds it
     assert not (rendezvous / "run").exists()

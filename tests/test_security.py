@@ -579,6 +579,7 @@ def test_the_janitor_leaves_a_file_that_replaced_ours(tmp_path):
     rendezvous.file.unlink()
     rendezvous.file.write_text("someone else's")  # the same name, another file
     janitor = rendezvous.janitor
+    assert janitor is not None
     os.close(janitor._socket_fd)  # the rank dies
     assert janitor.process.wait(timeout=10) == 0
     assert rendezvous.file.read_text() == "someone else's"

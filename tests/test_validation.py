@@ -54,7 +54,9 @@ def test_the_offered_backends_include_the_mpi_transport_leave_out_torchs_test_ba
     def offered() -> list[str]:
         with pytest.raises(ValueError) as error:
             make_trainer(torch_dist_backend="nonsense")
-        return re.search(r"offered here: ([\w, ]+);", str(error.value)).group(1).split(", ")
+        offered_here = re.search(r"offered here: ([\w, ]+);", str(error.value))
+        assert offered_here, error.value
+        return offered_here.group(1).split(", ")
 
     before = offered()
     mpi.register()

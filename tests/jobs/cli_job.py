@@ -11,6 +11,7 @@ import importlib
 import json
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
@@ -22,8 +23,13 @@ PACKAGES = {"pytorch_lightning": ("pytorch_lightning", "lightning_dist_hooks"),
 PACKAGE, CLI_ARGS = (
     (sys.argv[2], sys.argv[3:]) if sys.argv[1:2] == ["--package"] else ("pytorch_lightning", sys.argv[1:])
 )
-pl = importlib.import_module(PACKAGES[PACKAGE][0])
-ours = importlib.import_module(PACKAGES[PACKAGE][1])
+if TYPE_CHECKING:  # either package, typed as pytorch_lightning's (lightning.pytorch's classes are the same)
+    import pytorch_lightning as pl
+
+    import lightning_dist_hooks as ours
+else:
+    pl = importlib.import_module(PACKAGES[PACKAGE][0])
+    ours = importlib.import_module(PACKAGES[PACKAGE][1])
 LightningCLI = importlib.import_module(f"{PACKAGES[PACKAGE][0]}.cli").LightningCLI
 
 

@@ -15,14 +15,21 @@ import socket
 import time
 from datetime import timedelta
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
-from sockets import connected_ipv4_sockets, listening_tcp_ports
 from torch.utils.data import DataLoader, Dataset, Sampler
 
 from lightning_dist_hooks.environments import LAUNCHER_ENVIRONMENTS
 from lightning_dist_hooks.process_group import exit_grace
+
+if TYPE_CHECKING:
+    # mypy checks tests/ as one tree, where this file is ``jobs.sockets`` (as helpers.py imports it); the job runs
+    # with tests/jobs on sys.path, where it is ``sockets``.
+    from jobs.sockets import connected_ipv4_sockets, listening_tcp_ports
+else:
+    from sockets import connected_ipv4_sockets, listening_tcp_ports
 
 # --package picks the Lightning package the whole job uses (read before main(): the classes below subclass it).
 PACKAGES = {"pytorch_lightning": ("pytorch_lightning", "lightning_dist_hooks"),
@@ -30,8 +37,13 @@ PACKAGES = {"pytorch_lightning": ("pytorch_lightning", "lightning_dist_hooks"),
 _preparser = argparse.ArgumentParser(add_help=False)
 _preparser.add_argument("--package", choices=sorted(PACKAGES), default="pytorch_lightning")
 PACKAGE = _preparser.parse_known_args()[0].package
-pl = importlib.import_module(PACKAGES[PACKAGE][0])
-lightning_dist_hooks = importlib.import_module(PACKAGES[PACKAGE][1])
+if TYPE_CHECKING:  # either package, typed as pytorch_lightning's (lightning.pytorch's classes are the same)
+    import pytorch_lightning as pl
+
+    import lightning_dist_hooks
+else:
+    pl = importlib.import_module(PACKAGES[PACKAGE][0])
+    lightning_dist_hooks = importlib.import_module(PACKAGES[PACKAGE][1])
 DDPStrategy, ModelParallelStrategy = pl.strategies.DDPStrategy, pl.strategies.ModelParallelStrategy
 
 DATASET_SIZE = 24
@@ -135,7 +147,7 @@ class JobModule(pl.LightningModule):
         return self._loader()
 
     def teardown(self, stage: str) -> None:
-        record = {
+        record: dict[str, Any] = {
             "rank": self.global_rank,
             "world_size": self.trainer.world_size,
             "seen": self.seen,
@@ -185,7 +197,10 @@ def _default_store_chain() -> list[str]:
     return chain
 
 
+# The hooks below are mixed into JobModule (_module_class); each declares what it uses of it.
 class RecordingSetupHook:
+    setup_calls: list[dict]
+
     def setup_distributed_backend(self, backend, init_method, rank, world_size, timeout, device_id=None):
         self.setup_calls.append(
             {"backend": backend, "init_method": init_method, "rank": rank, "world_size": world_size,
@@ -201,7 +216,10 @@ class RecordingSetupHook:
 class HandBuiltStoreSetupHook(RecordingSetupHook):
     """Ignores the init method: builds a FileStore by hand, as a site with its own bootstrap would."""
 
-    def setup_distributed_backend(self, backend, init_method, rank, world_size, timeout):
+    args: argparse.Namespace
+
+    # Without device_id on purpose: the signature's older form, which the hook's check accepts.
+    def setup_distributed_backend(self, backend, init_method, rank, world_size, timeout):  # type: ignore[override]
         self.setup_calls.append({"backend": backend, "init_method": init_method, "rank": rank,
                                  "world_size": world_size, "timeout_s": timeout.total_seconds(),
                                  "initialized_before": dist.is_initialized()})
@@ -229,6 +247,8 @@ class RaisingSetupHook:
 
 
 class RaisingSamplerHook:
+    global_rank: int
+
     def configure_sampler(self, dataloader, stage):
         if self.global_rank == 1:
             announce_failure()
@@ -237,21 +257,29 @@ class RaisingSamplerHook:
 
 
 class CustomSamplerHook:
+    sampler_calls: list[str]
+    global_rank: int
+
     def configure_sampler(self, dataloader, stage):
         self.sampler_calls.append(str(stage.value))
         return EveryThirdSampler(self.global_rank)
 
 
 class KeepLoaderSamplerHook:
+    sampler_calls: list[str]
+
     def configure_sampler(self, dataloader, stage):
         self.sampler_calls.append(str(stage.value))
         return None
 
 
 class SuperSamplerHook:
+    sampler_calls: list[str]
+
     def configure_sampler(self, dataloader, stage):
         self.sampler_calls.append(str(stage.value))
-        return super().configure_sampler(dataloader, stage)
+        # Mixed in before DistributedHooksMixin (_module_class): its default is what super() reaches.
+        return super().configure_sampler(dataloader, stage)  # type: ignore[misc]
 
 
 ENVIRONMENTS = {environment.__name__: environment for environment in LAUNCHER_ENVIRONMENTS}
@@ -277,7 +305,7 @@ class JobDataModule(pl.LightningDataModule):
 
 
 def _module_class(setup_hook: str, sampler_hook: str, model_parallel: bool) -> type:
-    bases = [hook for hook in (SETUP_HOOKS[setup_hook], SAMPLER_HOOKS[sampler_hook]) if hook]
+    bases: list[type] = [hook for hook in (SETUP_HOOKS[setup_hook], SAMPLER_HOOKS[sampler_hook]) if hook]
     if sampler_hook == "super":
         bases.append(lightning_dist_hooks.DistributedHooksMixin)
     if model_parallel:

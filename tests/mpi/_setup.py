@@ -19,7 +19,9 @@ import torch.distributed as dist
 if "lightning_dist_hooks" not in sys.modules:
     # Wherever the package is found (this checkout, or an installed copy under .ci/compat), without running it.
     _package_root = types.ModuleType("lightning_dist_hooks")
-    _package_root.__path__ = list(importlib.util.find_spec("lightning_dist_hooks").submodule_search_locations)
+    _spec = importlib.util.find_spec("lightning_dist_hooks")
+    assert _spec is not None and _spec.submodule_search_locations is not None, "lightning_dist_hooks is not importable"
+    _package_root.__path__ = list(_spec.submodule_search_locations)
     sys.modules["lightning_dist_hooks"] = _package_root
 
 from lightning_dist_hooks import mpi  # needs the package root above

@@ -10,8 +10,10 @@ lines; the exit code is 1 if any check failed or any result differs from gloo's.
 
 from __future__ import annotations
 
+import functools
 import sys
 from collections.abc import Callable
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -275,6 +277,7 @@ def check_groups_and_errors(checks: Checks, world: int) -> None:
         dist.all_reduce(tensor, group=last)
         checks.equal("single-rank subgroup allreduce", tensor, torch.tensor([5.0]))
 
+    assert dist.group.WORLD is not None
     reduced = funcol.all_reduce(rank_values(rank, torch.float32), "sum", dist.group.WORLD)
     checks.equal("functional all_reduce", reduced.wait(), expected_reduction(ReduceOp.SUM, torch.float32, world))
 
@@ -306,7 +309,8 @@ def _ramp(rank: int, count: int, dtype: torch.dtype = torch.float32) -> torch.Te
     return (torch.arange(count, dtype=torch.float64) % 97 + 100 * (rank + 1)).to(dtype)
 
 
-def route_operations(rank: int, world: int, count: int) -> dict[str, Callable[[Callable[[dist.Work], None]], None]]:
+def route_operations(rank: int, world: int, count: int
+                     ) -> dict[str, Callable[[Callable[[dist.Work], None]], list[tuple[Any, Any]]]]:
     """Every collective and point-to-point operation issued with ``async_op=True``, as a function that issues it,
     completes it with ``complete`` and returns (actual, expected) pairs."""
     right, left = (rank + 1) % world, (rank - 1) % world
@@ -392,7 +396,7 @@ def check_completion_routes(checks: Checks, world: int) -> None:
     for size_name, count in ROUTE_SIZES.items():
         for name, operation in route_operations(rank, world, count).items():
             for route in ROUTES:
-                pairs = operation(lambda work, route=route: _complete(work, route))
+                pairs = operation(functools.partial(_complete, route=route))
                 checks.equal(f"route {name} {size_name} {route}", [a for a, _ in pairs], [e for _, e in pairs])
 
     # Issue order holds across the queue: queued collectives, then a small async one and a blocking one issued
@@ -420,6 +424,7 @@ def check_completion_routes(checks: Checks, world: int) -> None:
 
 def check_rendezvous_refuses_wrong_rank(checks: Checks) -> None:
     launch = mpi.detect_mpi_launch()
+    assert launch is not None, "run under mpirun"
     wrong_rank = launch.world_size + launch.rank
     checks.raises(
         "mpi:// refuses a rank that disagrees with MPI",
@@ -432,7 +437,9 @@ def check_rendezvous_refuses_wrong_rank(checks: Checks) -> None:
 
 
 def main() -> None:
-    report = RankReport(sys.argv[1], mpi.detect_mpi_launch().rank)
+    launch = mpi.detect_mpi_launch()
+    assert launch is not None, "run under mpirun"
+    report = RankReport(sys.argv[1], launch.rank)
     checks = Checks(report)
     check_rendezvous_refuses_wrong_rank(checks)
     rank, world = init_from_mpi_launch("mpi4py")

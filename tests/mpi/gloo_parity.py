@@ -49,13 +49,14 @@ def bits(tensor: torch.Tensor) -> torch.Tensor:
 def train_fsdp(version: int, group: dist.ProcessGroup) -> list[torch.Tensor]:
     """Three SGD steps of a small MLP sharded with FSDP ``version`` (1 or 2) over ``group``; the full parameters."""
     torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4))
+    layers = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4))
+    model: torch.nn.Module = layers
     if version == 2:
         mesh = DeviceMesh.from_group(group, "cpu")
-        for layer in (model[0], model[2], model):
+        for layer in (layers[0], layers[2], layers):
             fully_shard(layer, mesh=mesh)
     else:
-        model = FullyShardedDataParallel(model, process_group=group, device_id=torch.device("cpu"))
+        model = FullyShardedDataParallel(layers, process_group=group, device_id=torch.device("cpu"))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     data = torch.Generator().manual_seed(dist.get_rank())
     for _ in range(3):
@@ -99,7 +100,7 @@ def compare_with_gloo(report: RankReport) -> bool:
             mismatches.append(name)
             report.line(f"rank {rank}: MISMATCH {name}: {differ} differing bytes")
 
-    cases = [(dtype, FLOAT_OPS) for dtype in FLOAT_EXPONENTS]
+    cases: list[tuple[torch.dtype, tuple[ReduceOp.RedOpType, ...]]] = [(dtype, FLOAT_OPS) for dtype in FLOAT_EXPONENTS]
     cases += [(dtype, INTEGER_OPS) for dtype in INTEGER_DTYPES]
     for dtype, ops in cases:
         for op in ops:
@@ -133,13 +134,15 @@ def compare_with_gloo(report: RankReport) -> bool:
         dist.all_reduce(from_gloo)
         compare(f"sparse allreduce SUM {dtype}", from_ours.to_dense(), from_gloo.coalesce().to_dense())
 
-    from_ours, from_gloo = train_ddp_sparse_embedding(ours), train_ddp_sparse_embedding(dist.group.WORLD)
-    for index, (mine, theirs) in enumerate(zip(from_ours, from_gloo, strict=True)):
+    gloo = dist.group.WORLD
+    assert gloo is not None
+    ours_trained, gloo_trained = train_ddp_sparse_embedding(ours), train_ddp_sparse_embedding(gloo)
+    for index, (mine, theirs) in enumerate(zip(ours_trained, gloo_trained, strict=True)):
         compare(f"DDP sparse embedding parameter {index}", mine, theirs)
 
     for version in (1, 2):
-        from_ours, from_gloo = train_fsdp(version, ours), train_fsdp(version, dist.group.WORLD)
-        for index, (mine, theirs) in enumerate(zip(from_ours, from_gloo, strict=True)):
+        ours_trained, gloo_trained = train_fsdp(version, ours), train_fsdp(version, gloo)
+        for index, (mine, theirs) in enumerate(zip(ours_trained, gloo_trained, strict=True)):
             compare(f"FSDP{version} parameter {index}", mine, theirs)
 
     dist.barrier()

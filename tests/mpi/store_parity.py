@@ -27,7 +27,7 @@ import zlib
 from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeAlias
 
 import torch.distributed as dist
 from _setup import RankReport, barrier, mpi
@@ -37,6 +37,11 @@ LONG = timedelta(seconds=30)  # the stores' timeout where nothing should time ou
 SHORT_S = 0.5  # a store timeout (set_timeout) for cases that time out
 WAIT_S = 0.3  # wait(keys, timeout) for cases that time out
 ACROSS_ADDS = 100  # each rank's adds (and appends) to one key, concurrently with the other rank's
+
+# The store a case runs on, typed as Any at this seam alone: torch's stubs for ``Store`` (_C/_distributed_c10d.pyi)
+# lack methods the runtime class has (``append``, ``multi_set``) and type values as ``str`` where every store takes
+# bytes too, and the cases call them all, as users do.
+AnyStore: TypeAlias = Any
 
 
 def homed(name: str, home: int) -> str:
@@ -70,7 +75,9 @@ class Steps:
         self.steps: list[list[Any]] = []
         self.errors: list[dict[str, Any]] = []
 
-    def __call__(self, action: Callable[[], Any]) -> None:
+    # Called with no argument; ``...`` because the cases' lambdas bind their loop's key as a default
+    # (``lambda key=key: ...``), which mypy cannot infer against ``Callable[[], Any]``.
+    def __call__(self, action: Callable[..., Any]) -> None:
         started = time.monotonic()
         try:
             self.steps.append(["ok", jsonable(action())])
@@ -86,7 +93,7 @@ class Steps:
 # --- the cases: each takes a fresh-per-runner store (shared by all cases of a run) and a Steps ---
 
 
-def set_get(s: dist.Store, do: Steps) -> None:
+def set_get(s: AnyStore, do: Steps) -> None:
     k0, k1 = both("set-get")
     do(lambda: s.set(k0, "on rank 0"))
     do(lambda: s.set(k1, b"on rank 1"))
@@ -94,14 +101,14 @@ def set_get(s: dist.Store, do: Steps) -> None:
     do(lambda: s.get(k1))
 
 
-def set_overwrites(s: dist.Store, do: Steps) -> None:
+def set_overwrites(s: AnyStore, do: Steps) -> None:
     for key in both("overwrite"):
         do(lambda key=key: s.set(key, "first"))
         do(lambda key=key: s.set(key, "second"))
         do(lambda key=key: s.get(key))
 
 
-def str_and_binary_values(s: dist.Store, do: Steps) -> None:
+def str_and_binary_values(s: AnyStore, do: Steps) -> None:
     k0, k1 = both("values")
     do(lambda: s.set(k0, "ü"))
     do(lambda: s.set(k1, b"\x00\xff\n\x80"))
@@ -111,14 +118,14 @@ def str_and_binary_values(s: dist.Store, do: Steps) -> None:
     do(lambda: s.get(k0))
 
 
-def large_value(s: dist.Store, do: Steps) -> None:
+def large_value(s: AnyStore, do: Steps) -> None:
     value = bytes(range(256)) * 4096  # 1 MiB
     for key in both("large"):
         do(lambda key=key: s.set(key, value))
         do(lambda key=key: hashlib.sha256(s.get(key)).hexdigest() == hashlib.sha256(value).hexdigest())
 
 
-def get_missing_times_out(s: dist.Store, do: Steps) -> None:
+def get_missing_times_out(s: AnyStore, do: Steps) -> None:
     k0, k1 = both("missing")
     s.set_timeout(timedelta(seconds=1))
     do(lambda: s.get(k0))
@@ -128,7 +135,7 @@ def get_missing_times_out(s: dist.Store, do: Steps) -> None:
     do(lambda: s.check([k0, k1]))  # a timed-out get leaves no key behind
 
 
-def add(s: dist.Store, do: Steps) -> None:
+def add(s: AnyStore, do: Steps) -> None:
     for key in both("add"):
         do(lambda key=key: s.add(key, 5))
         do(lambda key=key: s.add(key, 0))
@@ -139,7 +146,7 @@ def add(s: dist.Store, do: Steps) -> None:
         do(lambda key=key: s.get(key))
 
 
-def add_zero_creates_the_key(s: dist.Store, do: Steps) -> None:
+def add_zero_creates_the_key(s: AnyStore, do: Steps) -> None:
     for key in both("add-zero"):
         do(lambda key=key: s.check([key]))
         do(lambda key=key: s.add(key, 0))
@@ -147,7 +154,7 @@ def add_zero_creates_the_key(s: dist.Store, do: Steps) -> None:
         do(lambda key=key: s.get(key))
 
 
-def add_to_a_number_set_as_text(s: dist.Store, do: Steps) -> None:
+def add_to_a_number_set_as_text(s: AnyStore, do: Steps) -> None:
     for key in both("add-text-number"):
         do(lambda key=key: s.set(key, "41"))
         do(lambda key=key: s.add(key, 1))
@@ -155,66 +162,66 @@ def add_to_a_number_set_as_text(s: dist.Store, do: Steps) -> None:
         do(lambda key=key: s.add(key, 1))
 
 
-def add_to_text(s: dist.Store, do: Steps) -> None:
+def add_to_text(s: AnyStore, do: Steps) -> None:
     for key in both("add-text"):
         do(lambda key=key: s.set(key, "forty"))
         do(lambda key=key: s.add(key, 1))
         do(lambda key=key: s.get(key))  # unchanged
 
 
-def append(s: dist.Store, do: Steps) -> None:
+def append(s: AnyStore, do: Steps) -> None:
     for key in both("append"):
         do(lambda key=key: s.append(key, "a"))  # a missing key is created
         do(lambda key=key: s.append(key, b"\x00b"))
         do(lambda key=key: s.get(key))
 
 
-def compare_set_missing_key_nothing_expected(s: dist.Store, do: Steps) -> None:
+def compare_set_missing_key_nothing_expected(s: AnyStore, do: Steps) -> None:
     for key in both("cas-missing-empty"):
         do(lambda key=key: s.compare_set(key, "", "desired"))
         do(lambda key=key: s.get(key))
 
 
-def compare_set_missing_key_something_expected(s: dist.Store, do: Steps) -> None:
+def compare_set_missing_key_something_expected(s: AnyStore, do: Steps) -> None:
     for key in both("cas-missing-expected"):
         do(lambda key=key: s.compare_set(key, "expected", "desired"))
         do(lambda key=key: s.check([key]))  # not created
 
 
-def compare_set_match(s: dist.Store, do: Steps) -> None:
+def compare_set_match(s: AnyStore, do: Steps) -> None:
     for key in both("cas-match"):
         do(lambda key=key: s.set(key, "old"))
         do(lambda key=key: s.compare_set(key, "old", "new"))
         do(lambda key=key: s.get(key))
 
 
-def compare_set_mismatch(s: dist.Store, do: Steps) -> None:
+def compare_set_mismatch(s: AnyStore, do: Steps) -> None:
     for key in both("cas-mismatch"):
         do(lambda key=key: s.set(key, "current"))
         do(lambda key=key: s.compare_set(key, "other", "new"))
         do(lambda key=key: s.get(key))
 
 
-def compare_set_empty_value(s: dist.Store, do: Steps) -> None:
+def compare_set_empty_value(s: AnyStore, do: Steps) -> None:
     for key in both("cas-empty-value"):
         do(lambda key=key: s.set(key, ""))
         do(lambda key=key: s.compare_set(key, "", "filled"))
         do(lambda key=key: s.get(key))
 
 
-def delete_key_present(s: dist.Store, do: Steps) -> None:
+def delete_key_present(s: AnyStore, do: Steps) -> None:
     for key in both("delete-present"):
         do(lambda key=key: s.set(key, "x"))
         do(lambda key=key: s.delete_key(key))
         do(lambda key=key: s.check([key]))
 
 
-def delete_key_absent(s: dist.Store, do: Steps) -> None:
+def delete_key_absent(s: AnyStore, do: Steps) -> None:
     for key in both("delete-absent"):
         do(lambda key=key: s.delete_key(key))
 
 
-def check(s: dist.Store, do: Steps) -> None:
+def check(s: AnyStore, do: Steps) -> None:
     k0, k1 = both("check")
     missing = homed("check-missing", 1)
     do(lambda: s.check([k0, k1]))
@@ -225,7 +232,7 @@ def check(s: dist.Store, do: Steps) -> None:
     do(lambda: s.check([]))
 
 
-def wait_for_keys_present(s: dist.Store, do: Steps) -> None:
+def wait_for_keys_present(s: AnyStore, do: Steps) -> None:
     k0, k1 = both("wait-present")
     do(lambda: s.multi_set([k0, k1], ["x", "y"]))
     do(lambda: s.wait([k0, k1]))
@@ -233,24 +240,24 @@ def wait_for_keys_present(s: dist.Store, do: Steps) -> None:
     do(lambda: s.wait([]))
 
 
-def wait_with_timeout_times_out(s: dist.Store, do: Steps) -> None:
+def wait_with_timeout_times_out(s: AnyStore, do: Steps) -> None:
     for key in both("wait-missing"):
         do(lambda key=key: s.wait([key], timedelta(seconds=WAIT_S)))
 
 
-def wait_without_timeout_times_out(s: dist.Store, do: Steps) -> None:
+def wait_without_timeout_times_out(s: AnyStore, do: Steps) -> None:
     s.set_timeout(timedelta(seconds=SHORT_S))
     do(lambda: s.wait([homed("wait-store-timeout", 1)]))
     s.set_timeout(LONG)
 
 
-def wait_for_keys_partly_set_times_out(s: dist.Store, do: Steps) -> None:
+def wait_for_keys_partly_set_times_out(s: AnyStore, do: Steps) -> None:
     k0, k1 = both("wait-partly")
     do(lambda: s.set(k0, "x"))
     do(lambda: s.wait([k0, k1], timedelta(seconds=WAIT_S)))
 
 
-def multi_set_and_multi_get(s: dist.Store, do: Steps) -> None:
+def multi_set_and_multi_get(s: AnyStore, do: Steps) -> None:
     keys = [homed(f"multi-{index}", index % 2) for index in range(6)]
     do(lambda: s.multi_set(keys, [f"value {index}" for index in range(6)]))
     do(lambda: s.multi_get([keys[5], keys[0], keys[3], keys[2], keys[1], keys[4]]))
@@ -259,13 +266,13 @@ def multi_set_and_multi_get(s: dist.Store, do: Steps) -> None:
     do(lambda: s.get(keys[4]))
 
 
-def multi_set_the_same_key_twice(s: dist.Store, do: Steps) -> None:
+def multi_set_the_same_key_twice(s: AnyStore, do: Steps) -> None:
     for key in both("multi-twice"):
         do(lambda key=key: s.multi_set([key, key], ["first", b"last"]))
         do(lambda key=key: s.get(key))
 
 
-def multi_get_with_a_missing_key_times_out(s: dist.Store, do: Steps) -> None:
+def multi_get_with_a_missing_key_times_out(s: AnyStore, do: Steps) -> None:
     k0, k1 = both("multi-missing")
     do(lambda: s.set(k0, "x"))
     s.set_timeout(timedelta(seconds=SHORT_S))
@@ -273,7 +280,7 @@ def multi_get_with_a_missing_key_times_out(s: dist.Store, do: Steps) -> None:
     s.set_timeout(LONG)
 
 
-def odd_keys(s: dist.Store, do: Steps) -> None:
+def odd_keys(s: AnyStore, do: Steps) -> None:
     for index, key in enumerate(ODD_KEYS):
         do(lambda key=key, index=index: s.set(key, f"odd {index}"))
     do(lambda: s.multi_get(ODD_KEYS[::-1]))
@@ -283,11 +290,11 @@ def odd_keys(s: dist.Store, do: Steps) -> None:
     do(lambda: s.check(ODD_KEYS))
 
 
-def num_keys(s: dist.Store, do: Steps) -> None:
+def num_keys(s: AnyStore, do: Steps) -> None:
     do(s.num_keys)  # every key the cases before left (run last)
 
 
-CASES: list[Callable[[dist.Store, Steps], None]] = [
+CASES: list[Callable[[AnyStore, Steps], None]] = [
     set_get,
     set_overwrites,
     str_and_binary_values,
@@ -318,7 +325,7 @@ CASES: list[Callable[[dist.Store, Steps], None]] = [
 ]
 
 
-def run_alone(rank: int, store: dist.Store, name: str, cases: list[Callable[[dist.Store, Steps], None]] = CASES
+def run_alone(rank: int, store: AnyStore, name: str, cases: list[Callable[[AnyStore, Steps], None]] = CASES
               ) -> list[str]:
     """Every case in turn on ``store``; the report's lines."""
     store.set_timeout(LONG)
@@ -341,7 +348,7 @@ def run_each_case_on_a_file_store(rank: int, report_dir: Path) -> list[str]:
     """
     lines: dict[str, list[str]] = {}
 
-    def run(case: Callable[[dist.Store, Steps], None]) -> None:
+    def run(case: Callable[[AnyStore, Steps], None]) -> None:
         store = dist.FileStore(str(report_dir / f"alone-{case.__name__}.filestore"), 1)
         lines[case.__name__] = run_alone(rank, store, "FileStore", [case])
 
@@ -356,7 +363,7 @@ def run_each_case_on_a_file_store(rank: int, report_dir: Path) -> list[str]:
 # --- across ranks ---
 
 
-def run_across(report: RankReport, store: dist.Store, name: str) -> None:
+def run_across(report: RankReport, store: AnyStore, name: str) -> None:
     rank = report.rank
     store.set_timeout(LONG)
     results: dict[str, Any] = {}

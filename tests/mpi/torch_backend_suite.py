@@ -28,6 +28,7 @@ import tempfile
 import time
 import unittest
 from pathlib import Path
+from typing import Any
 
 parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
 parser.add_argument("mode", choices=["mpi", "gloo"])
@@ -65,7 +66,7 @@ for supported in ("PROFILING_SUPPORTED_BACKENDS", "CUDA_PROFILING_SUPPORTED_BACK
 _torchs_new_group = dist.new_group
 
 
-def new_group_of_the_transport(*args: object, **kwargs: object) -> object:
+def new_group_of_the_transport(*args: Any, **kwargs: Any) -> Any:
     if kwargs.get("backend") in (mode, dist.Backend(mode)):
         kwargs["backend"] = mpi.BACKEND_NAME
     return _torchs_new_group(*args, **kwargs)
@@ -115,7 +116,7 @@ class OneLinePerTest(unittest.TestResult):
         super().addError(test, err)
         self._outcome = ("failed", self.errors[-1][1])
 
-    def addFailure(self, test: unittest.TestCase, err: object) -> None:  # noqa: N802 - unittest's name
+    def addFailure(self, test: unittest.TestCase, err: tuple) -> None:  # noqa: N802 - unittest's name
         super().addFailure(test, err)
         self._outcome = ("failed", self.failures[-1][1])
 

@@ -29,7 +29,7 @@ import traceback
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
-from typing import Any
+from typing import Any, TypeAlias
 
 import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
@@ -37,6 +37,11 @@ from _setup import RankReport, barrier, mpi
 
 STORE_TIMEOUT = timedelta(seconds=300)  # as torch's cases set it
 PREFIX = "test_prefix"
+
+# The store a case runs on, typed as Any at this seam alone: torch's stubs for ``Store`` (_C/_distributed_c10d.pyi)
+# lack methods the runtime class has (``append``, ``multi_set``, ``clone``, ``has_extended_api``) and accept fewer
+# types than pybind11 converts (bytes keys, bytes values), and ``wrong_argument_types`` passes wrong ones on purpose.
+AnyStore: TypeAlias = Any
 
 
 class Recorder:
@@ -46,7 +51,9 @@ class Recorder:
         self.steps: list[list[Any]] = []
         self._lock = threading.Lock()  # threaded cases record from several threads
 
-    def __call__(self, label: str, call: Callable[[], Any]) -> Any:
+    # Called with no argument; ``...`` because the cases' lambdas bind their loop's variables as defaults
+    # (``lambda key=key: ...``), which mypy cannot infer against ``Callable[[], Any]``.
+    def __call__(self, label: str, call: Callable[..., Any]) -> Any:
         try:
             result = call()
         except Exception as error:
@@ -75,8 +82,8 @@ def check(condition: bool, what: str) -> None:
         raise AssertionError(what)
 
 
-def raises(call: Callable[[], Any], error: type[BaseException], pattern: str = "") -> None:
-    """torch's assertRaises / assertRaisesRegex."""
+def raises(call: Callable[..., Any], error: type[BaseException], pattern: str = "") -> None:
+    """torch's assertRaises / assertRaisesRegex (``call`` takes no argument: ``...`` as for ``Recorder``)."""
     try:
         call()
     except error as raised:
@@ -88,7 +95,7 @@ def raises(call: Callable[[], Any], error: type[BaseException], pattern: str = "
 # --- torch's StoreTestBase -----------------------------------------------------------------------------------------
 
 
-def set_get_check(fs: dist.Store, call: Recorder) -> None:
+def set_get_check(fs: AnyStore, call: Recorder) -> None:
     for key, amount in [("key", 1), ("key", 2), ("key", 3)]:
         call(f"add {key} {amount}", lambda key=key, amount=amount: fs.add(key, amount))
     call("set key0", lambda: fs.set("key0", "value0"))
@@ -112,7 +119,7 @@ def set_get_check(fs: dist.Store, call: Recorder) -> None:
     check(call("num_keys again", fs.num_keys) == 5, "num_keys_total after delete")
 
 
-def compare_set(store: dist.Store, call: Recorder) -> None:
+def compare_set(store: AnyStore, call: Recorder) -> None:
     missing = call("cas missing", lambda: store.compare_set("cs_key0", "wrong_old_value", "new_value0"))
     check(missing == b"wrong_old_value", "missing key result")
     call("set cs_key0", lambda: store.set("cs_key0", "value0"))
@@ -128,14 +135,14 @@ def compare_set(store: dist.Store, call: Recorder) -> None:
     check(call("get cs_key1", lambda: store.get("cs_key1")) == b"new_value1", "new_value1")
 
 
-def simple_wait(fs: dist.Store, call: Recorder) -> None:
+def simple_wait(fs: AnyStore, call: Recorder) -> None:
     raises(lambda: call("wait bad_key", lambda: fs.wait(["bad_key"], timedelta(seconds=0.25))), RuntimeError,
            "[t -i]imeout")
     call("add good_key", lambda: fs.add("good_key", 1))
     call("wait good_key", lambda: fs.wait(["good_key"]))
 
 
-def extended_api(store: dist.Store, call: Recorder) -> None:
+def extended_api(store: AnyStore, call: Recorder) -> None:
     """torch's append, multi_set and multi_get bodies, which return early unless ``has_extended_api()``: asserted
     true here, so that they run."""
     check(call("has_extended_api", store.has_extended_api) is True, "has_extended_api")
@@ -153,7 +160,7 @@ def extended_api(store: dist.Store, call: Recorder) -> None:
     check(call("multi_get", lambda: store.multi_get(["gfoo", "gbar"])) == [b"po", b"tato"], "multi_get")
 
 
-def queues(store: dist.Store, call: Recorder) -> None:
+def queues(store: AnyStore, call: Recorder) -> None:
     call("queue support", lambda: store.queue_push("test_queue_support", "1"))
     check(call("check foo", lambda: store.check(["foo"])) is False, "no foo")
     check(call("len foo", lambda: store.queue_len("foo")) == 0, "empty")
@@ -168,14 +175,14 @@ def queues(store: dist.Store, call: Recorder) -> None:
     check(call("len 0", lambda: store.queue_len("foo")) == 0, "none left")
 
 
-def queues_nonblocking(store: dist.Store, call: Recorder) -> None:
+def queues_nonblocking(store: AnyStore, call: Recorder) -> None:
     call("queue support", lambda: store.queue_push("test_queue_support", "1"))
     raises(lambda: call("pop empty", lambda: store.queue_pop("foo", block=False)), dist.QueueEmptyError, "empty")
     call("push a", lambda: store.queue_push("foo", "a"))
     check(call("pop a", lambda: store.queue_pop("foo", block=False)) == b"a", "a")
 
 
-def queues_bidirectional(store: dist.Store, call: Recorder) -> None:
+def queues_bidirectional(store: AnyStore, call: Recorder) -> None:
     call("queue support", lambda: store.queue_push("test_queue_support", "1"))
 
     def worker_a() -> None:
@@ -194,13 +201,13 @@ def queues_bidirectional(store: dist.Store, call: Recorder) -> None:
     call.steps.sort(key=lambda step: step[0])  # the two threads' steps interleave differently on every run
 
 
-def queues_timeout(store: dist.Store, call: Recorder) -> None:
+def queues_timeout(store: AnyStore, call: Recorder) -> None:
     call("queue support", lambda: store.queue_push("test_queue_support", "1"))
     store.set_timeout(timedelta(seconds=0.01))
     raises(lambda: call("pop times out", lambda: store.queue_pop("non_existant")), dist.DistStoreError, "timeout")
 
 
-def clone(a: dist.Store, call: Recorder) -> None:
+def clone(a: AnyStore, call: Recorder) -> None:
     b = call("clone", a.clone)
     check(isinstance(b, dist.Store), "a Store")
     call("set via a", lambda: a.set("foo", "bar"))
@@ -213,7 +220,7 @@ def clone(a: dist.Store, call: Recorder) -> None:
 # --- the rest of torch's file, outside StoreTestBase ---------------------------------------------------------------
 
 
-def num_keys_delete_key(fs: dist.Store, call: Recorder) -> None:
+def num_keys_delete_key(fs: AnyStore, call: Recorder) -> None:
     """TCPStoreTest._test_numkeys_delkeys without TCPStore's own init key (0 keys to begin with, as HashStore)."""
     check(call("num_keys empty", fs.num_keys) == 0, "empty")
     for amount in (1, 2, 3):
@@ -235,12 +242,12 @@ def num_keys_delete_key(fs: dist.Store, call: Recorder) -> None:
     check(call("get key4", lambda: fs.get("key4")) == b"value2", "key4")
 
 
-def python_store(store: dist.Store, call: Recorder) -> None:
+def python_store(store: AnyStore, call: Recorder) -> None:
     """PythonStoreTest: torch's own C++ body (``_test_python_store``) through the trampoline."""
     call("_test_python_store", lambda: dist._test_python_store(store))
 
 
-def multi_threaded_wait(store: dist.Store, call: Recorder) -> None:
+def multi_threaded_wait(store: AnyStore, call: Recorder) -> None:
     """TestMultiThreadedWait: one thread waits for a key another sets (each with a clone, as threads should)."""
     store.set_timeout(timedelta(seconds=2))
 
@@ -258,7 +265,7 @@ def multi_threaded_wait(store: dist.Store, call: Recorder) -> None:
             future.result()
 
 
-def interrupt_doesnt_break_wait(store: dist.Store, call: Recorder) -> None:
+def interrupt_doesnt_break_wait(store: AnyStore, call: Recorder) -> None:
     """TimeoutTest: a signal delivered to a thread waiting in ``wait`` does not end the wait (torch's 4 s and 1 s
     shortened to 0.6 s and 0.3 s)."""
     results: list[Any] = [None, None]
@@ -289,7 +296,7 @@ def interrupt_doesnt_break_wait(store: dist.Store, call: Recorder) -> None:
     check(call("both ranks' results", lambda: results) == [True, True], f"results {results}")
 
 
-def wrong_argument_types(store: dist.Store, call: Recorder) -> None:
+def wrong_argument_types(store: AnyStore, call: Recorder) -> None:
     """What torch's stores refuse with a ``TypeError`` (pybind11's conversions), and what they take."""
     wrong = [
         ("set int value", lambda: store.set("k", 5)),
@@ -318,14 +325,14 @@ def wrong_argument_types(store: dist.Store, call: Recorder) -> None:
     check(call("get bytearray", lambda: store.get("ba")) == b"x", "bytearray")
 
 
-def list_keys(store: dist.Store, call: Recorder) -> None:
+def list_keys(store: AnyStore, call: Recorder) -> None:
     for key in ("a", "b", "c"):
         call(f"set {key}", lambda key=key: store.set(key, key))
     call("delete b", lambda: store.delete_key("b"))
     check(call("list_keys", lambda: sorted(store.list_keys())) == ["a", "c"], "keys")
 
 
-CASES: dict[str, Callable[[dist.Store, Recorder], None]] = {
+CASES: dict[str, Callable[[AnyStore, Recorder], None]] = {
     "set_get_check": set_get_check,
     "compare_set": compare_set,
     "simple_wait": simple_wait,
@@ -362,7 +369,7 @@ def default_store_after_mpi_rendezvous() -> dict[str, Any]:
     """What the store torch made of ``mpi://`` answers (a PrefixStore over a PrefixStore over MpiStore)."""
     mpi.register_rendezvous()
     dist.init_process_group("gloo", init_method="mpi://", timeout=timedelta(seconds=60))
-    store = c10d._get_default_store()
+    store: AnyStore = c10d._get_default_store()  # clone and has_extended_api, which the stubs lack
     found: dict[str, Any] = {"layers": []}
     underlying = store
     while isinstance(underlying, dist.PrefixStore):
@@ -387,7 +394,7 @@ def trampoline_forwards() -> dict[str, bool]:
     ``PrefixStore`` (torch 2.13's trampoline forwards neither: a C++ ``NotImplementedError`` for every Python store)."""
 
     class Probe(dist.Store):
-        def queue_push(self, key: str, value: bytes) -> None:
+        def queue_push(self, key: str, value: bytes | str) -> None:
             pass
 
         def list_keys(self) -> list[str]:

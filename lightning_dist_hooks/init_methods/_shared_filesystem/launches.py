@@ -41,7 +41,7 @@ if TYPE_CHECKING:
     from lightning_dist_hooks._lightning_internals import ClusterEnvironment
 
 
-def launch_identity(environment: ClusterEnvironment) -> str | None:
+def launch_identity(environment: ClusterEnvironment | LauncherEnvironment) -> str | None:
     """This launch's identity under ``environment``, or None when the launcher gives none.
 
     For example ``'SLURM_JOB_ID=42,SLURM_STEP_ID=0'`` in the first step of SLURM job 42.
