@@ -38,6 +38,7 @@ from lightning_dist_hooks.launcher_variables import LauncherVariables
 from lightning_dist_hooks.process_group.create import DistributedSetupError
 from lightning_dist_hooks.sampling import SamplerHookError
 from lightning_dist_hooks.trainer import DistributedHooksTrainerMixin
+from lightning_dist_hooks.transports import CreatedGroup, Transport, register_transport
 
 __version__ = "0.1.0"
 
@@ -55,6 +56,7 @@ def __getattr__(name: str) -> Any:
 
 
 __all__ = [
+    "CreatedGroup",
     "DistributedHooksFabricMixin",
     "DistributedHooksMixin",
     "DistributedHooksTrainerMixin",
@@ -74,10 +76,12 @@ __all__ = [
     "RendezvousDiagnostics",
     "SamplerHookError",
     "Trainer",
+    "Transport",
     "default_setup_distributed_backend",
     "detect_cluster_environment",
     "launch_identity",
     "lightning_default_sampler",
     "register_cluster_environment",
     "register_init_method",
+    "register_transport",
 ]

@@ -2,25 +2,23 @@
 
 ``--help``, LightningCLI and the Trainer's and Fabric's docstrings show these; the lists of backends and of
 rendezvous schemes come from what is registered when this module is imported (the built-in schemes, ``dir://`` and
-``mpi://`` included, and the transport), so the documentation cannot fall behind a new scheme.
+``mpi://`` included, and the transports), so the documentation cannot fall behind a new scheme or transport.
 """
 
 from __future__ import annotations
 
 from typing import Optional
 
-from lightning_dist_hooks import mpi
-from lightning_dist_hooks.backends import NATIVE_BACKENDS
 from lightning_dist_hooks.init_methods import registered_forms
 from lightning_dist_hooks.signatures import keyword_parameter
+from lightning_dist_hooks.transports import registered_transport_forms
 
 
 def _backend_doc() -> str:
-    native = ", ".join(f'``"{name}"``' for name in NATIVE_BACKENDS)
     return (
-        f'the ``torch.distributed`` backend: {native}, ``"{mpi.BACKEND_NAME}"`` (this package\'s MPI transport, '
-        "with mpi4py, for torch builds without MPI) or a registered name; case-insensitive. None keeps Lightning's "
-        "choice: nccl on CUDA, gloo on CPU, or the strategy's ``process_group_backend``."
+        f"the ``torch.distributed`` backend: {', '.join(registered_transport_forms())} or a registered name; "
+        "case-insensitive. None keeps Lightning's choice: nccl on CUDA, gloo on CPU, or the strategy's "
+        "``process_group_backend``."
     )
 
 
