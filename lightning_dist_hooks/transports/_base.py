@@ -11,7 +11,8 @@ from typing import Any
 from lightning_dist_hooks.verdict import Verdict
 
 # The entry point group a package names its transports in (a Transport instance, or a class taking no arguments):
-# registered on the first look into the registry, in every process, the doctor's and a ddp_spawn child's included.
+# registered on the first look into the registry once this package is imported, in every process, the doctor's and a
+# ddp_spawn child's included.
 ENTRY_POINT_GROUP = "lightning_dist_hooks.transports"
 
 
@@ -178,8 +179,11 @@ def registered_transports() -> list[Transport]:
 
 
 def registered_transport_forms() -> list[str]:
-    """How each registered transport is written in the flag's documentation (its ``form``), in registration order."""
-    return [transport.form or f'``"{transport.names[0]}"``' for transport in registered_transports()]
+    """How each transport registered so far is written in the flag's documentation (its ``form``), in registration
+    order. The entry points are not loaded for it: the documentation is written while this package is imported, and
+    a package named there may import this one."""
+    transports = dict.fromkeys(_REGISTRY.values())
+    return [transport.form or f'``"{transport.names[0]}"``' for transport in transports]
 
 
 def transports_of(backend: str) -> list[Transport]:
