@@ -13,8 +13,9 @@ from pathlib import Path
 
 import pytest
 from helpers import job_environment, run_command
+from pytorch_lightning.strategies import DDPStrategy
 
-from lightning_dist_hooks import Transport, register_transport, transports
+from lightning_dist_hooks import Trainer, Transport, _lightning_internals, register_transport, transports
 from lightning_dist_hooks.backends import available_backends, check_backend_fits_devices, normalize_backend
 from lightning_dist_hooks.transports import _base
 
@@ -168,3 +169,14 @@ def test_a_transport_named_in_an_entry_point_gets_a_doctor_row(tmp_path):
     assert rows["wrapped-gloo"]["message"] == "torch_dist_backend='wrapped-gloo': gloo under a name of its own"
     assert rows["wrapped-gloo"]["ranks"] == [0, 1]
     assert {rank["backend"] for rank in document["ranks"]} == {"wrapped-gloo"}
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize(("options", "backend"), [
+    (dict, "gloo"),  # Lightning's choice for CPU devices, decided in Trainer(...)
+    (lambda: {"torch_dist_backend": "GLOO"}, "gloo"),
+    (lambda: {"strategy": DDPStrategy(process_group_backend="gloo")}, "gloo"),  # the strategy's own
+])
+def test_the_plan_names_the_backend_every_rank_creates(options, backend):
+    trainer = Trainer(**{"accelerator": "cpu", "devices": 2, "strategy": "ddp", "logger": False, **options()})
+    assert _lightning_internals.ours(trainer.strategy).process_group_backend == backend
