@@ -180,3 +180,13 @@ def test_a_transport_named_in_an_entry_point_gets_a_doctor_row(tmp_path):
 def test_the_plan_names_the_backend_every_rank_creates(options, backend):
     trainer = Trainer(**{"accelerator": "cpu", "devices": 2, "strategy": "ddp", "logger": False, **options()})
     assert _lightning_internals.ours(trainer.strategy).process_group_backend == backend
+
+
+@pytest.mark.unit
+def test_an_entry_point_that_cannot_be_loaded_is_named(registry, monkeypatch, tmp_path):
+    _write_entry_point(tmp_path, "no_such_module_here:Transport")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr(_base, "_entry_points_loaded", False)
+    with pytest.raises(RuntimeError, match=r"The lightning_dist_hooks.transports entry point wrapped = "
+                                           r"'no_such_module_here:Transport' cannot be loaded \(ModuleNotFoundError"):
+        transports.transport_named("gloo")

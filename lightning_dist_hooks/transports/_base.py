@@ -162,7 +162,13 @@ def _load_entry_points() -> None:
             return
         _entry_points_loaded = True
     for entry in entry_points(group=ENTRY_POINT_GROUP):
-        loaded = entry.load()
+        try:
+            loaded = entry.load()
+        except Exception as error:  # an installed package's mistake: named, or every backend lookup fails unexplained
+            raise RuntimeError(
+                f"The {ENTRY_POINT_GROUP} entry point {entry.name} = {entry.value!r} cannot be loaded "
+                f"({type(error).__name__}: {error}). Fix or uninstall the package that declares it."
+            ) from error
         register_transport(loaded() if isinstance(loaded, type) else loaded)
 
 
