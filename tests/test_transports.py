@@ -190,3 +190,12 @@ def test_an_entry_point_that_cannot_be_loaded_is_named(registry, monkeypatch, tm
     with pytest.raises(RuntimeError, match=r"The lightning_dist_hooks.transports entry point wrapped = "
                                            r"'no_such_module_here:Transport' cannot be loaded \(ModuleNotFoundError"):
         transports.transport_named("gloo")
+
+
+@pytest.mark.unit
+def test_every_name_of_a_transport_creates_its_first_by_default():
+    class Aliased(Transport):
+        names = ("first", "second")
+
+    assert Aliased().backend_for("Second", "second") == "first"
+    assert Aliased().takes_part("cpu:second,cuda:nccl") and not Aliased().takes_part("gloo")

@@ -76,8 +76,8 @@ class Transport:
 
     def backend_for(self, given: str, name: str) -> str:
         """The backend to create when ``torch_dist_backend=given`` (``name``: lower-cased, one of ``names``); raise
-        ``ValueError`` naming ``given`` and the fix when it cannot be created here. Default: ``name``."""
-        return name
+        ``ValueError`` naming ``given`` and the fix when it cannot be created here. Default: the first of ``names``."""
+        return self.names[0]
 
     def register_with_torch(self, name: str) -> None:
         """Make torch know the backend ``name`` (one of ``names``) in this process, e.g. with
