@@ -17,10 +17,10 @@ import torch
 import torch.distributed as dist
 
 if TYPE_CHECKING:  # mypy checks benchmarks/ as the package; run as a script, its folder is on sys.path instead
-    from . import mpi_allreduce as bench
+    from benchmarks import mpi_allreduce as bench
 else:
     try:
-        from . import mpi_allreduce as bench
+        from benchmarks import mpi_allreduce as bench
     except ImportError:  # run as a script
         import mpi_allreduce as bench
 

@@ -21,10 +21,10 @@ from lightning_dist_hooks.mpi._process_group import MpiProcessGroup
 from lightning_dist_hooks.mpi._routed_group import EAGER_COLLECTIVE_BYTES
 
 if TYPE_CHECKING:  # mypy checks benchmarks/ as the package; run as a script, its folder is on sys.path instead
-    from . import mpi_allreduce as bench
+    from benchmarks import mpi_allreduce as bench
 else:
     try:
-        from . import mpi_allreduce as bench
+        from benchmarks import mpi_allreduce as bench
     except ImportError:  # run as a script
         import mpi_allreduce as bench
 

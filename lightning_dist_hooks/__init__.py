@@ -44,6 +44,7 @@ from lightning_dist_hooks.launcher_variables import LauncherVariables
 from lightning_dist_hooks.process_group.create import DistributedSetupError
 from lightning_dist_hooks.sampling import SamplerHookError
 from lightning_dist_hooks.trainer import DistributedHooksTrainerMixin
+from lightning_dist_hooks.transports import CreatedGroup, Transport, register_transport
 
 __version__ = "0.1.0"
 
@@ -61,6 +62,7 @@ def __getattr__(name: str) -> Any:
 
 
 __all__ = [
+    "CreatedGroup",
     "DistributedHooksFabricMixin",
     "DistributedHooksMixin",
     "DistributedHooksTrainerMixin",
@@ -80,6 +82,7 @@ __all__ = [
     "RendezvousDiagnostics",
     "SamplerHookError",
     "Trainer",
+    "Transport",
     "default_setup_distributed_backend",
     "detect_cluster_environment",
     "launch_identity",
@@ -87,4 +90,5 @@ __all__ = [
     "register_cluster_environment",
     "register_init_method",
     "register_launcher",
+    "register_transport",
 ]

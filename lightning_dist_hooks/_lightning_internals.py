@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 from torch.utils.data import DataLoader, Sampler
 
-from .supported_versions import installed_version, warn_if_untested
+from lightning_dist_hooks.supported_versions import installed_version, warn_if_untested
 
 if TYPE_CHECKING:
     # Type hints only, never imported at run time; the same classes exist in lightning.pytorch/lightning.fabric.
@@ -269,8 +269,11 @@ def set_process_group_backend(strategy: object, backend: str) -> None:
 
 
 def resolved_process_group_backend(strategy: object) -> str:
-    """The backend the strategy would hand to ``init_process_group`` (its choice for the root device)."""
-    return strategy._get_process_group_backend()  # type: ignore[attr-defined]  # private to Lightning's strategies
+    """The backend the strategy would hand to ``init_process_group``: the one it was given, else Lightning's choice
+    for its devices (the first of them: in Trainer(...) the rank, and so its own device, is not known yet)."""
+    flavour = flavour_of(strategy) or PYTORCH_LIGHTNING
+    choice = flavour.fabric_name(".utilities.distributed", "_get_default_process_group_backend_for_device")
+    return requested_process_group_backend(strategy) or choice(strategy.parallel_devices[0])  # type: ignore[attr-defined]  # every strategy that creates a group has them
 
 
 def process_group_timeout(strategy: object) -> timedelta:

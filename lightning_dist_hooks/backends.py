@@ -1,13 +1,13 @@
 """Checking a ``torch_dist_backend`` value before any process starts.
 
 A wrong backend name otherwise surfaces minutes later, inside every rank, as a C++ error from
-``init_process_group``. Here it is a ``ValueError`` at ``Trainer(...)`` that lists what this build offers.
+``init_process_group``. Here it is a ``ValueError`` at ``Trainer(...)`` that lists what this build offers. What each
+backend needs is its transport's to say (:mod:`lightning_dist_hooks.transports`); nothing here names one.
 """
 
 from __future__ import annotations
 
 import difflib
-import logging
 import os
 
 import torch
@@ -15,32 +15,22 @@ import torch.distributed as dist
 
 from lightning_dist_hooks import mpi
 from lightning_dist_hooks.launcher_variables import LaunchSize, SizeMismatch
-
-log = logging.getLogger(__name__)
-
-# Backends whose ranks are started and numbered by MPI itself: torch's own and this package's transport.
-MPI_BACKENDS = ("mpi", mpi.BACKEND_NAME)
-
-# Backends torch itself knows; any of them may be missing from a given build (PyPI wheels lack mpi and ucc).
-NATIVE_BACKENDS = ("gloo", "nccl", "mpi", "ucc", "xccl")
-
-_HOW_TO_GET_NATIVE = {
-    "nccl": "install a CUDA build of torch and run on NVIDIA GPUs; for CPU training use torch_dist_backend='gloo'",
-    "mpi": f"install mpi4py ({mpi.INSTALL_HINT}) and start the ranks with mpirun",
-    "ucc": "build torch from source with USE_UCC=1, or use torch_dist_backend='gloo'",
-    "xccl": "install an XPU build of torch and run on Intel GPUs",
-    "gloo": "install a torch build with distributed support",
-}
-
+from lightning_dist_hooks.transports import (
+    backend_parts,
+    register_backend_with_torch,
+    registered_transports,
+    transport_named,
+    transports_of,
+)
 
 # Names torch lists that are not for training: its placeholder, and its test backend that moves no data.
 _NOT_OFFERED = ("undefined", "fake")
 
 
 def available_backends() -> list[str]:
-    """Backend names a user can choose here, sorted: what this torch build can create (registered third-party
-    backends included) and, where mpi4py is installed and torch is new enough, this package's MPI transport under
-    both its names. The same list before and after the transport registers itself.
+    """Backend names a user can choose here, sorted: what this torch build can create (backends registered with torch
+    directly included) and every name of each registered transport that can run here. The same list before and
+    after a transport registers itself with torch.
 
     >>> "gloo" in available_backends() and "fake" not in available_backends()
     True
@@ -48,18 +38,22 @@ def available_backends() -> list[str]:
     offered = {
         name for name in dist.Backend.backend_list if name not in _NOT_OFFERED and dist.is_backend_available(name)
     }
-    if mpi.is_available() and mpi.torch_fits_the_transport():
-        offered |= set(MPI_BACKENDS)
+    for transport in registered_transports():
+        if transport.is_available():
+            offered |= set(transport.names)
     return sorted(offered)
 
 
 def _did_you_mean(name: str) -> str:
-    close = difflib.get_close_matches(name, available_backends() + list(NATIVE_BACKENDS), n=1, cutoff=0.6)
+    known = [name for transport in registered_transports() for name in transport.names]
+    close = difflib.get_close_matches(name, available_backends() + known, n=1, cutoff=0.6)
     return f" Did you mean {close[0]!r}?" if close else ""
 
 
 def normalize_backend(backend: str) -> str:
-    """Return ``backend`` lower-cased after checking that this torch build can create it.
+    """Return the backend to create for ``torch_dist_backend=backend`` after checking that this torch build can create
+    it: lower-cased, or what its transport turns the name into (:meth:`Transport.backend_for`); the transports it
+    names are registered with torch on the way.
 
     Composite values such as ``"cpu:gloo,cuda:nccl"`` are checked part by part.
 
@@ -69,47 +63,21 @@ def normalize_backend(backend: str) -> str:
     if not isinstance(backend, str):
         raise TypeError(f"torch_dist_backend must be a string or None, got {backend!r} ({type(backend).__name__}).")
     name = backend.strip().lower()
-    if name in MPI_BACKENDS:
-        return _mpi_backend(backend, name)
-    register_if_mpi4py(name)  # e.g. "cpu:mpi4py": torch must know the name before it is checked
-    for part in name.split(","):
-        _check_single_backend(backend, part.split(":")[-1].strip())
+    transport = transport_named(name)
+    if transport is not None:
+        name = transport.backend_for(backend, name)
+    register_backend_with_torch(name)  # torch must know a transport's name before it is checked
+    for part in backend_parts(name):
+        _check_single_backend(backend, part)
     return name
 
 
-def register_if_mpi4py(backend: str | None) -> None:
-    """Register the mpi4py transport with torch in this process if ``backend`` (plain or composite) uses it.
-
-    Importing this package registers nothing with torch; the transport is registered when it is first asked for:
-    here, when the Trainer checks ``torch_dist_backend`` and on every rank before its process group is created
-    (a ``ddp_spawn`` child, or a strategy given ``process_group_backend="mpi4py"`` directly, never checks a flag).
-    """
-    if backend is not None and mpi.BACKEND_NAME in (part.split(":")[-1].strip() for part in backend.split(",")):
-        mpi.register()
-
-
-def _mpi_backend(given: str, name: str) -> str:
-    """torch's own MPI where the build has it; else (and when asked by name) the mpi4py transport."""
-    if name == "mpi" and dist.is_mpi_available():
-        return "mpi"
-    if not mpi.is_available():
-        raise ValueError(
-            f"torch_dist_backend={given!r}: this torch build ({torch.__version__}) has no native MPI, and the MPI "
-            f"transport of lightning_dist_hooks needs mpi4py, which is not installed. Install it: {mpi.INSTALL_HINT}. "
-            "Or use torch_dist_backend='gloo'."
-        )
-    if name == "mpi":
-        log.info(
-            "torch has no native MPI backend: torch_dist_backend='mpi' uses lightning_dist_hooks' mpi4py transport"
-        )
-    return mpi.backend_for_mpi()
-
-
 def _check_single_backend(given: str, name: str) -> None:
-    if name in NATIVE_BACKENDS and not dist.is_backend_available(name):
+    transport = transport_named(name)
+    if transport is not None and transport.install_hint and not dist.is_backend_available(name):
         raise ValueError(
             f"torch_dist_backend={given!r}: this torch build ({torch.__version__}) has no {name!r} backend. "
-            f"To use it, {_HOW_TO_GET_NATIVE[name]}. Backends offered here: {', '.join(available_backends())}."
+            f"To use it, {transport.install_hint}. Backends offered here: {', '.join(available_backends())}."
         )
     if name == "fake":
         raise ValueError(
@@ -121,13 +89,14 @@ def _check_single_backend(given: str, name: str) -> None:
             f"torch_dist_backend={given!r} is not a torch.distributed backend.{_did_you_mean(name)} Backends "
             "offered here: "
             f"{', '.join(available_backends())}; a third-party backend must be registered with "
-            "torch.distributed.Backend.register_backend(...) before Trainer(...) is created."
+            "torch.distributed.Backend.register_backend(...) (or lightning_dist_hooks.register_transport(...)) "
+            "before Trainer(...) is created."
         )
 
 
 def backend_flag(backend: str, given: str | None = None) -> str:
-    """``torch_dist_backend`` as messages name it: as the user wrote it (``given``), and, where that became this
-    package's MPI transport, saying so; ``backend`` (the normalized name) where ``given`` is not known.
+    """``torch_dist_backend`` as messages name it: as the user wrote it (``given``), and, where its transport made it
+    another backend, saying which; ``backend`` (the normalized name) where ``given`` is not known.
 
     >>> backend_flag("mpi4py", given="mpi")
     "torch_dist_backend='mpi' (the mpi4py transport)"
@@ -139,27 +108,37 @@ def backend_flag(backend: str, given: str | None = None) -> str:
     written = f"torch_dist_backend={given!r}"
     if given.strip().lower() == backend:
         return written
-    if backend == mpi.BACKEND_NAME:
-        return f"{written} (the {mpi.BACKEND_NAME} transport)"
+    if transport_named(backend) is not None:
+        return f"{written} (the {backend} transport)"
     return f"{written} (used as {backend!r})"
 
 
 def check_backend_fits_devices(backend: str, uses_cuda: bool, *, given: str | None = None) -> None:
-    """NCCL runs only between CUDA devices, the mpi4py transport only on CPU: say so before a run tries.
+    """A plain backend's transport moves the tensors of some device types only (``Transport.devices``: NCCL's CUDA,
+    the mpi4py transport's CPU): say so before a run tries. A composite backend names a backend per device itself.
 
     ``given`` is the value as the user wrote it, for the message (see :func:`backend_flag`).
     """
+    transport = transport_named(backend) if ":" not in backend else None
+    if transport is None or transport.devices is None:
+        return
     flag = backend_flag(backend, given)
-    if backend == mpi.BACKEND_NAME and uses_cuda:
+    served = " and ".join(device.upper() for device in transport.devices)
+    if uses_cuda and "cuda" not in transport.devices:
         raise ValueError(
-            f"{flag} moves CPU tensors only, but this Trainer runs on CUDA. Use "
+            f"{flag} moves {served} tensors only, but this Trainer runs on CUDA. Use "
             "torch_dist_backend='nccl' on GPUs, or Trainer(accelerator='cpu')."
         )
-    if "nccl" in backend and not uses_cuda and ":" not in backend:
+    if not uses_cuda and "cpu" not in transport.devices:
         raise ValueError(
-            f"{flag} needs CUDA devices, but this Trainer's accelerator is not CUDA. "
+            f"{flag} needs {served} devices, but this Trainer's accelerator is not CUDA. "
             "Use torch_dist_backend='gloo' for CPU training, or Trainer(accelerator='cuda')."
         )
+
+
+def backend_needs_mpi_launch(backend: str | None) -> bool:
+    """Whether a transport that ``backend`` (plain or composite) names needs its ranks started by an MPI launcher."""
+    return backend is not None and any(transport.needs_mpi_launch for transport in transports_of(backend))
 
 
 def _processes(count: int) -> str:
@@ -186,7 +165,7 @@ def check_mpi_launch(
     ``devices`` at Lightning's default ``'auto'``, what that gave (e.g. ``"1 process per node on CPU"``); ``owner``
     names the class (``Trainer``, ``Fabric``).
     """
-    uses_backend = backend in MPI_BACKENDS
+    uses_backend = backend_needs_mpi_launch(backend)
     if not uses_backend and not needs_mpi_launch:
         return
     flag = (

@@ -5,10 +5,11 @@
 1. :meth:`Flags.checked`, before Lightning builds anything: the backend is one this torch can create
    (:func:`~lightning_dist_hooks.backends.normalize_backend`), the init method's URL is well formed and its scheme has
    a handler, and the scheme accepts the backend (``InitMethod.check_backend``). A backend given without an init
-   method gets the one a scheme offers as its natural rendezvous (``mpi://`` for MPI), else Lightning's ``env://``.
+   method gets the one a scheme offers as its natural rendezvous (e.g. ``mpi://``), else Lightning's ``env://``.
 2. :meth:`BootstrapPlan.for_strategy`, once Lightning has chosen the strategy: the init method is resolved to the URL
    every rank of this launch uses, the backend fits the devices and agrees with the strategy's own
-   ``process_group_backend``, and an MPI backend or ``mpi://`` finds as many ranks as an MPI launcher started.
+   ``process_group_backend``, a backend or scheme that needs an MPI launcher finds as many ranks as it started,
+   and the backend every rank creates is decided.
 
 The frozen plan rides on the strategy (``ddp_spawn`` pickles it with it); on each rank
 :func:`lightning_dist_hooks.process_group.create.create_process_group` carries it out: prepare, hook, check, finish.
@@ -119,6 +120,9 @@ class BootstrapPlan:
     creates_process_group: bool
     # Fabric's constructor argument; the Trainer's hook is the LightningModule's, found on each rank.
     setup_distributed_backend: Callable[..., None] | None = None
+    # The backend every rank creates: the flag's, else the strategy's own process_group_backend, else Lightning's
+    # choice for the devices. None where the strategy creates no process group.
+    process_group_backend: str | None = None
 
     @classmethod
     def for_strategy(
@@ -163,6 +167,7 @@ class BootstrapPlan:
             replace(flags, init_method=init_method),
             creates_process_group=True,
             setup_distributed_backend=setup_distributed_backend,
+            process_group_backend=flags.backend or _lightning_internals.resolved_process_group_backend(strategy),
         )
 
     @property

@@ -3,28 +3,24 @@
 ``--help``, LightningCLI and the Trainer's and Fabric's docstrings show these, and the README's and
 docs/reference.md's flag tables are :func:`flags_table` (``tests/test_docs.py`` checks both pages); the lists of
 backends and of rendezvous schemes come from what is registered when this module is imported (the built-in schemes,
-``dir://`` and ``mpi://`` included, and the transport), so the documentation cannot fall behind a new scheme.
+``dir://`` and ``mpi://`` included, and the transports), so the documentation cannot fall behind a new scheme or
+transport.
 """
 
 from __future__ import annotations
 
 from typing import Optional
 
-from lightning_dist_hooks import mpi
-from lightning_dist_hooks.backends import NATIVE_BACKENDS
 from lightning_dist_hooks.init_methods import default_init_method_for, registered_forms
 from lightning_dist_hooks.signatures import keyword_parameter
-
-_BACKENDS = (*NATIVE_BACKENDS, mpi.BACKEND_NAME)
+from lightning_dist_hooks.transports import registered_transport_forms, registered_transport_names
 
 
 def _backend_accepts() -> str:
-    native = ", ".join(f'``"{name}"``' for name in NATIVE_BACKENDS)
     return (
-        f'the ``torch.distributed`` backend: {native}, ``"{mpi.BACKEND_NAME}"`` (this package\'s MPI transport, '
-        'with mpi4py, for torch builds without MPI, where ``"mpi"`` means it too), a composite such as '
-        '``"cpu:gloo,cuda:nccl"``, or a name registered with ``torch.distributed.Backend.register_backend``; '
-        "case-insensitive"
+        f"the ``torch.distributed`` backend: {', '.join(registered_transport_forms())}, a composite such as "
+        '``"cpu:gloo,cuda:nccl"``, or a name registered with ``lightning_dist_hooks.register_transport`` or '
+        "``torch.distributed.Backend.register_backend``; case-insensitive"
     )
 
 
@@ -35,7 +31,7 @@ def _init_method_accepts() -> str:
 def _init_method_default() -> str:
     """Lightning's ``env://``, or the scheme a registered handler offers as a backend's own."""
     offered: dict[str, list[str]] = {}
-    for backend in _BACKENDS:
+    for backend in registered_transport_names():
         url = default_init_method_for(backend)
         if url is not None:
             offered.setdefault(url, []).append(f'``"{backend}"``')

@@ -1,6 +1,6 @@
 """Listening TCP sockets, read from ``/proc`` (Linux): which a process holds, who opened each (the launcher, the MPI
 library, the rendezvous store, the process group's backend), and who holds a given port. Standard library only:
-the doctor and the process group's start-up warning (``process_group/mpi_listeners.py``) both read sockets and
+the doctor and the MPI transport's start-up warning (``mpi/_listeners.py``) both read sockets and
 their openers through it.
 
 /proc does not say which library of a process opened a socket, so the openers say so themselves: each wraps the

@@ -8,8 +8,8 @@ Lightning's code that follows then finds the group initialised and skips its own
 design. A plain subclass cannot do this: the instance may be of any class, the user's own included, and must stay that
 instance with every setting.
 
-The glue knows no transport: a failure is announced through :mod:`lightning_dist_hooks.failure_notices`, to which a
-transport that must act on it subscribes.
+The glue knows no transport: the backend is registered with torch, and the start of a run and a failure are
+announced, through the registry of transports (:mod:`lightning_dist_hooks.transports`), whichever are registered.
 """
 
 from __future__ import annotations
@@ -20,8 +20,7 @@ from typing import Any
 
 import torch.distributed
 
-from lightning_dist_hooks import _lightning_internals, failure_notices
-from lightning_dist_hooks.backends import register_if_mpi4py
+from lightning_dist_hooks import _lightning_internals, transports
 from lightning_dist_hooks.bootstrap_plan import BootstrapPlan
 from lightning_dist_hooks.hooks import default_setup_distributed_backend, user_hook
 from lightning_dist_hooks.process_group.create import create_process_group
@@ -44,12 +43,12 @@ def _module_hook(strategy: Any) -> Callable[..., None] | None:
 
 def _setup_environment(self: Any) -> None:
     """``setup_environment`` of a hooked strategy: our process group first, then the strategy's own setup."""
-    # A ddp_spawn child, or a strategy given process_group_backend="mpi4py" directly, registered nothing yet.
-    register_if_mpi4py(_lightning_internals.requested_process_group_backend(self))
-    failure_notices.announce_run_started()
+    plan = _plan(self)
+    # A ddp_spawn child, or a strategy given process_group_backend=... directly, registered nothing yet.
+    transports.register_backend_with_torch(plan.process_group_backend)
+    transports.announce_run_started()
     if self.world_size > 1:
         hand_the_gil_to_backend_threads_at_exit()
-    plan = _plan(self)
     module_hook = _module_hook(self)
     if plan.takes_over(module_hook) and not torch.distributed.is_initialized():
         _lightning_internals.set_world_ranks(self)
@@ -60,13 +59,13 @@ def _setup_environment(self: Any) -> None:
 
 def _on_exception(self: Any, exception: BaseException) -> None:
     """``on_exception`` of a hooked strategy: name the peers lost after a collective timeout, then tell the
-    transports that this rank failed (the MPI transport then ends the job at exit)."""
+    transports that this rank failed (:meth:`Transport.run_failed`)."""
     if _plan(self).takes_over(_module_hook(self)) and self.world_size > 1 and is_collective_timeout(exception):
         message = lost_peers_message(self.global_rank, self.world_size)
         if message is not None:
             log.error(message)
     self._unhooked_class.on_exception(self, exception)
-    failure_notices.announce_failure(exception)
+    transports.announce_failure(exception)
 
 
 def _reduce_ex(self: Any, protocol: Any) -> tuple[Callable[[type], Any], tuple[type], Any]:

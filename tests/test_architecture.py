@@ -26,12 +26,12 @@ REPO = Path(__file__).resolve().parents[1]
 # the process group's life. The top (the Trainer, Fabric, strategy, sampler, doctor) may import anything.
 LAYERS = [
     ["lightning_dist_hooks.launcher_variables", "lightning_dist_hooks.supported_versions",
-     "lightning_dist_hooks.listening_sockets", "lightning_dist_hooks.failure_notices",
+     "lightning_dist_hooks.listening_sockets", "lightning_dist_hooks.verdict",
      "lightning_dist_hooks.torch_rendezvous", "lightning_dist_hooks.wait_schedule",
      "lightning_dist_hooks.outside_watchdog"],
     ["lightning_dist_hooks._lightning_internals", "lightning_dist_hooks.environments",
      "lightning_dist_hooks.environment_plugin", "lightning_dist_hooks.backends",
-     "lightning_dist_hooks.mpi", "lightning_dist_hooks.init_methods"],
+     "lightning_dist_hooks.mpi", "lightning_dist_hooks.init_methods", "lightning_dist_hooks.transports"],
     ["lightning_dist_hooks.bootstrap_plan", "lightning_dist_hooks.hooks"],
     ["lightning_dist_hooks.process_group"],
 ]

@@ -1,5 +1,6 @@
 """The bootstrap plan (issue 31): one frozen value from the flags to each rank, the two contracts of a scheme handler,
-torch's rendezvous registry touched once per scheme, and failures announced to subscribers rather than imported."""
+torch's rendezvous registry touched once per scheme, and failures announced to the registered transports rather than
+imported."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import pytest
 import torch.distributed as dist
 from lightning_fabric.plugins.environments import LightningEnvironment
 
-from lightning_dist_hooks import failure_notices, torch_rendezvous
+from lightning_dist_hooks import strategy, torch_rendezvous, transports
 from lightning_dist_hooks.bootstrap_plan import BootstrapPlan, Flags, InitMethodURL
 from lightning_dist_hooks.init_methods import (
     InitMethod,
@@ -127,26 +128,14 @@ def test_a_scheme_another_package_holds_in_torch_is_refused_naming_it(monkeypatc
         torch_rendezvous.register_once("dir", lambda url, **kwargs: iter(()), "Use file:// instead.")
 
 
-def test_failures_reach_each_subscriber_once(monkeypatch):
-    monkeypatch.setattr(failure_notices, "_listeners", [])
-    heard: list[BaseException | None] = []
-    failure_notices.subscribe(heard.append)
-    failure_notices.subscribe(heard.append)
-    error = RuntimeError("boom")
-    failure_notices.announce_run_started()
-    failure_notices.announce_failure(error)
-    assert heard == [None, error]
-
-
 def test_the_mpi_transport_hears_of_failures_without_the_strategy_importing_it():
     from lightning_dist_hooks.mpi import _abort
 
-    assert _abort.note_failure in failure_notices._listeners
-    failure_notices.announce_failure(RuntimeError("boom"))
+    transports.announce_failure(RuntimeError("boom"))
     try:
         assert _abort.failure_recorded()
     finally:
-        failure_notices.announce_run_started()
+        transports.announce_run_started()
     assert not _abort.failure_recorded()
-    strategy_source = (Path(failure_notices.__file__).parent / "strategy.py").read_text()
-    assert "mpi" not in strategy_source.replace("mpi4py", "")
+    strategy_source = Path(strategy.__file__).read_text()
+    assert "mpi" not in strategy_source.lower()

@@ -185,9 +185,9 @@ def test_what_the_benchmark_page_claims_holds_in_the_committed_results(claim):
     assert CLAIMS[claim](), f"docs/benchmarks.md states {claim!r}, which benchmarks/results/ no longer shows"
 
 
-def test_the_flags_docs_the_hook_and_both_trainers_list_every_registered_scheme_and_the_mpi_transport():
+def test_the_flags_docs_the_hook_and_both_trainers_list_every_registered_scheme_and_transport():
     """What ``--help``, LightningCLI and the docstrings say about the flags is written from the registries."""
-    from lightning_dist_hooks import init_methods, mpi
+    from lightning_dist_hooks import init_methods, mpi, transports
     from lightning_dist_hooks.flag_docs import FLAG_DOCS
     from lightning_dist_hooks.hooks import DistributedHooksMixin
 
@@ -203,6 +203,9 @@ def test_the_flags_docs_the_hook_and_both_trainers_list_every_registered_scheme_
             assert not missing, (missing, document[:400])
         for document in (FLAG_DOCS["torch_dist_backend"], trainer_doc, fabric_doc):
             assert f'"{mpi.BACKEND_NAME}"' in document and '"gloo"' in document
+            missing = [transport.names[0] for transport in transports.registered_transports()
+                       if f'"{transport.names[0]}"' not in document]
+            assert not missing, (missing, document[:400])
 
 
 FLAGS_TABLE = re.compile(

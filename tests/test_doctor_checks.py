@@ -15,13 +15,14 @@ from lightning_dist_hooks.doctor.checks import (
     check_directory_privacy,
     check_hosts,
     check_launcher_layout,
-    check_mpi_sockets,
     merge,
 )
 from lightning_dist_hooks.doctor.facts import LauncherLayout, expand_slurm_counts
 from lightning_dist_hooks.doctor.gathered import gathered_verdicts
 from lightning_dist_hooks.doctor.report import verdict_lines
 from lightning_dist_hooks.listening_sockets import Ancestor, inherited_from, listening_sockets
+from lightning_dist_hooks.mpi._doctor_checks import check_mpi_sockets
+from lightning_dist_hooks.transports import transports_taking_part
 
 pytestmark = pytest.mark.unit
 
@@ -187,7 +188,7 @@ def test_gathered_verdicts_merge_every_ranks_own_with_those_of_all_ranks_togethe
              gathered_rank(1, "node1", verdicts=[Verdict("interfaces", OK, "fine", ranks=[1])], tokens_seen=[1],
                            correct=False)]
     verdicts = gathered_verdicts(ranks, backend="gloo", devices=2, num_nodes=1, launcher_layout_checked=False,
-                                 token_directory=tmp_path)
+                                 token_directory=tmp_path, transports=transports_taking_part("gloo"))
     assert [(verdict.check, verdict.status, verdict.ranks) for verdict in verdicts] == [
         ("all-reduce", FAIL, []), ("shared-directory", FAIL, [1]), ("interfaces", OK, [0, 1]),
         ("tasks-per-node", OK, []), ("nodes", OK, []), ("host-name", OK, [])]  # no mpi-sockets under gloo
@@ -198,7 +199,7 @@ def test_gathered_verdicts_merge_every_ranks_own_with_those_of_all_ranks_togethe
 def test_gathered_verdicts_see_nodes_by_host_name_when_the_launcher_already_said_how_many():
     ranks = [gathered_rank(0, "node1", addresses=["127.0.1.1"]), gathered_rank(1, "node2", listening=["0.0.0.0:1025"])]
     verdicts = gathered_verdicts(ranks, backend="mpi", devices=1, num_nodes=1, launcher_layout_checked=True,
-                                 token_directory=None)
+                                 token_directory=None, transports=transports_taking_part("mpi"))
     # Two hosts though num_nodes=1: node1's loopback name fails, and MPI's listening socket only warns across nodes.
     assert [(verdict.check, verdict.status, verdict.ranks) for verdict in verdicts] == [
         ("host-name", FAIL, []), ("mpi-sockets", WARN, [1]), ("all-reduce", OK, [])]

@@ -2,8 +2,9 @@
 
 Every rank runs the same steps:
 
-1. before the Trainer: the launcher's layout against ``--devices``/``--num-nodes``, mpi4py for an MPI backend,
-   the rendezvous directory (private? file locks?);
+1. before the Trainer: the launcher's layout against ``--devices``/``--num-nodes``, what each transport taking part
+   checks (``Transport.doctor_checks_before``: the MPI transport's mpi4py), the rendezvous directory (private? file
+   locks?);
 2. ``Trainer(...)`` exactly as a training job builds it, then ``trainer.validate`` on one sample, whose
    ``setup_distributed_backend`` (the real ``create_process_group`` path, with its progress lines) does the rest:
    facts about this rank, rank 0's port and main address, a token in the rendezvous directory, the rendezvous,
@@ -29,7 +30,6 @@ import torch
 import torch.distributed as dist
 from torch.utils.data import DataLoader
 
-from lightning_dist_hooks import mpi
 from lightning_dist_hooks._lightning_internals import PYTORCH_LIGHTNING
 from lightning_dist_hooks._pytorch_lightning import LightningModule, Trainer
 from lightning_dist_hooks.doctor import checks, report
@@ -50,6 +50,7 @@ from lightning_dist_hooks.init_methods import (
 )
 from lightning_dist_hooks.listening_sockets import attributing_new_sockets, listening_sockets
 from lightning_dist_hooks.process_group import progress, rendezvous_deadline
+from lightning_dist_hooks.transports import registered_transports, transports_taking_part
 
 # The live line: sooner and more often than a training job's reports, the doctor's timeout being short.
 LIVE_LINE_SCHEDULE = progress.ReportSchedule(first=(5.0,), every=5.0)
@@ -121,7 +122,9 @@ class Checkup:
                 self.add(verdict)
             # Go on with what the launcher really started, so that the rendezvous and the other checks still run.
             self.devices, self.num_nodes = self.layout.tasks_per_node[0], self.layout.nodes
-        self.add(checks.check_mpi4py(self.args.backend, mpi.is_available(), mpi.INSTALL_HINT))
+        for transport in transports_taking_part(self.args.backend or ""):
+            for verdict in transport.doctor_checks_before(self.args.backend):
+                self.add(verdict)
         handler = _handler_of(self.args.init_method)
         rendezvous = None if handler is None else diagnostics_of(handler)
         directory = None if rendezvous is None else rendezvous.shared_directory(self.args.init_method)
@@ -144,6 +147,8 @@ class Checkup:
             init_method=init_method,
             rendezvous_file=file,
         )
+        for transport in transports_taking_part(backend):
+            self.facts.update(transport.doctor_facts())
         # The verdicts before the Trainer were given before this rank knew its rank.
         for verdict in self.verdicts:
             verdict.ranks = verdict.ranks or [rank]
@@ -181,6 +186,7 @@ class Checkup:
             num_nodes=self.num_nodes,
             launcher_layout_checked=self.layout is not None,
             token_directory=None if self.token is None else self.token.path.parent,
+            transports=transports_taking_part(self.facts["backend"]),
         )
         self.exit_code = 1 if any(verdict.status == FAIL for verdict in verdicts) else 0
         if self.facts["rank"] == 0:
@@ -208,10 +214,13 @@ class Checkup:
         """This rank's listening sockets now, each with what opened it."""
         store = diagnostics_of(init_method_handler(self.facts["init_method"])).main_address(self.facts["init_method"])
         store_port = store[1] if store and self.facts["rank"] == 0 else None
+        earlier = next(
+            filter(None, (transport.opened_before_rendezvous() for transport in registered_transports())), None
+        )
         return [
             {
                 "socket": str(each),
-                "opened_by": opened_by(each, self.sockets_before, store_port),
+                "opened_by": opened_by(each, self.sockets_before, store_port, opened_earlier_by=earlier),
             }
             for each in listening_sockets()
         ]

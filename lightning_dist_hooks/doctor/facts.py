@@ -15,7 +15,6 @@ from typing import TYPE_CHECKING, Any
 from lightning_dist_hooks._lightning_internals import PYTORCH_LIGHTNING
 from lightning_dist_hooks.backends import available_backends
 from lightning_dist_hooks.environments import LauncherEnvironment, detect_cluster_environment
-from lightning_dist_hooks.launcher_variables import started_by_an_mpi_launcher
 
 if TYPE_CHECKING:
     from lightning_dist_hooks._lightning_internals import ClusterEnvironment
@@ -49,7 +48,8 @@ def rank_facts(
     """What this rank knows about itself just before the rendezvous: the row it adds to rank 0's table and JSON.
 
     Plain values only, since every rank's dict travels to the others (``all_gather_object``). ``listening``,
-    ``allreduce`` and ``tokens_seen`` are placeholders until after the rendezvous.
+    ``allreduce`` and ``tokens_seen`` are placeholders until after the rendezvous; each transport taking part adds
+    its own (``Transport.doctor_facts``).
     """
     host = socket.gethostname()
     return {
@@ -64,7 +64,6 @@ def rank_facts(
         "gloo_socket_ifname": os.environ.get("GLOO_SOCKET_IFNAME"),
         "environment": type(environment).__name__,
         "evidence": environment_evidence(type(environment)),
-        "mpi_launched": started_by_an_mpi_launcher(os.environ),
         "backend": backend,
         "backends_available": available_backends(),
         "init_method": init_method,

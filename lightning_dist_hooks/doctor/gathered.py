@@ -11,6 +11,7 @@ from typing import Any
 
 from lightning_dist_hooks.doctor import checks
 from lightning_dist_hooks.doctor.checks import Verdict
+from lightning_dist_hooks.transports import Transport
 
 
 def gathered_verdicts(
@@ -21,6 +22,7 @@ def gathered_verdicts(
     num_nodes: int,
     launcher_layout_checked: bool,
     token_directory: Path | None,
+    transports: list[Transport],
 ) -> list[Verdict]:
     """The verdicts of every rank merged (failures first): each rank's own and those only all ranks' facts give.
 
@@ -28,7 +30,8 @@ def gathered_verdicts(
     own verdicts under ``"verdicts"``. ``devices`` and ``num_nodes`` are the job's; when ``launcher_layout_checked``,
     the launcher said how many processes it started where and that was checked before the Trainer, so the host count
     is not checked again. ``token_directory`` is where the ranks left their tokens (None: the init method has no
-    rendezvous file).
+    rendezvous file). ``transports`` are those taking part in the job, each asked for its own verdicts
+    (``Transport.doctor_checks_after``).
     """
     everyone = [Verdict(**verdict) for rank in ranks for verdict in rank["verdicts"]]
     if not launcher_layout_checked:
@@ -37,9 +40,8 @@ def gathered_verdicts(
     spans_nodes = len({rank["host"] for rank in ranks}) > 1 or num_nodes > 1
     everyone.append(checks.check_host_names(ranks, spans_nodes))
     everyone.append(checks.check_allreduce(ranks))
-    mpi_sockets = checks.check_mpi_sockets(backend, ranks, spans_nodes)
-    if mpi_sockets is not None:
-        everyone.append(mpi_sockets)
+    for transport in transports:
+        everyone += transport.doctor_checks_after(backend, ranks, spans_nodes)
     if token_directory is not None:
         everyone.append(checks.check_all_tokens(token_directory, ranks))
     return checks.merge(everyone)

@@ -9,7 +9,6 @@ import re
 from typing_extensions import override  # a dependency of torch and of Lightning
 
 from lightning_dist_hooks import mpi
-from lightning_dist_hooks.backends import MPI_BACKENDS
 from lightning_dist_hooks.init_methods._base import AddresslessInitMethod, Rendezvous
 from lightning_dist_hooks.torch_rendezvous import RendezvousHandler
 
@@ -34,7 +33,7 @@ class MpiInitMethod(AddresslessInitMethod):
     @override
     def default_for_backend(self, backend: str | None) -> str | None:
         # MPI already knows every rank: meeting through a TCP store would only add a listener.
-        return "mpi://" if backend in MPI_BACKENDS else None
+        return "mpi://" if backend in mpi.MPI_BACKENDS else None
 
     @override
     def torch_rendezvous_handler(self) -> RendezvousHandler:

@@ -24,8 +24,6 @@ import time
 from types import ModuleType, TracebackType
 from typing import NoReturn
 
-from .. import failure_notices
-
 _PREFIX = "[lightning_dist_hooks.mpi]"
 # Open MPI's mpirun drops what a rank wrote just before MPI_Abort unless it had a moment to read it.
 _OUTPUT_DRAIN_S = 0.5
@@ -70,13 +68,11 @@ def install_abort_on_failure(mpi: ModuleType) -> None:
 def note_failure(error: BaseException | None) -> None:
     """Record that this rank stopped on ``error`` (None: forget it, a new run starts); see the module docstring.
 
-    Subscribed to :mod:`lightning_dist_hooks.failure_notices`, which this package's strategies announce to; a trainer
-    of your own calls it when it tears down after an exception, e.g. from ``Strategy.on_exception``.
+    The MPI transport's failure hooks (``MpiTransport.run_started``, ``run_failed``), which this package's strategies
+    call, record it; a trainer of your own calls it when it tears down after an exception, e.g. from
+    ``Strategy.on_exception``.
     """
     _record(None if error is None else f"is exiting after a trainer stopped on {_name(error)}")
-
-
-failure_notices.subscribe(note_failure)
 
 
 def failure_recorded() -> bool:

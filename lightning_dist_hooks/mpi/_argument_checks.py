@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, cast
 
 import torch
 
-from ._buffers import require_cpu_tensor
+from lightning_dist_hooks.mpi._buffers import require_cpu_tensor
 
 if TYPE_CHECKING:
     from mpi4py import MPI

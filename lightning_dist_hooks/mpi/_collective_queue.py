@@ -18,8 +18,8 @@ from typing import TYPE_CHECKING, Protocol
 if TYPE_CHECKING:
     from mpi4py import MPI
 
-    from ._operation_records import Deadline
-    from ._work import QueuedWork
+    from lightning_dist_hooks.mpi._operation_records import Deadline
+    from lightning_dist_hooks.mpi._work import QueuedWork
 
 # How long stopping waits for a thread (a queue's, the progress thread) to finish what it has before moving on.
 STOP_JOIN_TIMEOUT_S = 5.0

@@ -15,7 +15,7 @@ from typing import NamedTuple
 import torch
 from torch.distributed import ReduceOp
 
-from ._reductions import reduction_for
+from lightning_dist_hooks.mpi._reductions import reduction_for
 
 
 class DirectTarget(NamedTuple):

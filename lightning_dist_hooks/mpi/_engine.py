@@ -19,10 +19,10 @@ from collections.abc import Callable, Sequence
 from types import ModuleType
 from typing import TYPE_CHECKING
 
-from ._abort import abort_job
-from ._collective_queue import STOP_JOIN_TIMEOUT_S, CollectiveQueue
-from ._operation_records import BlockingCall, Deadline, MpiCall, deadline_of
-from ._work import RequestWork
+from lightning_dist_hooks.mpi._abort import abort_job
+from lightning_dist_hooks.mpi._collective_queue import STOP_JOIN_TIMEOUT_S, CollectiveQueue
+from lightning_dist_hooks.mpi._operation_records import BlockingCall, Deadline, MpiCall, deadline_of
+from lightning_dist_hooks.mpi._work import RequestWork
 
 if TYPE_CHECKING:
     from mpi4py import MPI

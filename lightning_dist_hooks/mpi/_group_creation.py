@@ -13,9 +13,9 @@ from typing import TYPE_CHECKING
 
 import torch.distributed as dist
 
-from ._engine import ProgressEngine
-from ._mpi import init_mpi
-from ._process_group import MpiProcessGroup
+from lightning_dist_hooks.mpi._engine import ProgressEngine
+from lightning_dist_hooks.mpi._mpi import init_mpi
+from lightning_dist_hooks.mpi._process_group import MpiProcessGroup
 
 if TYPE_CHECKING:
     from mpi4py import MPI

@@ -7,7 +7,7 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from ..launcher_variables import mpi_launchers
+from lightning_dist_hooks.launcher_variables import mpi_launchers
 
 
 @dataclass(frozen=True)

@@ -7,9 +7,9 @@ import sys
 from contextlib import nullcontext
 from types import ModuleType
 
-from ..listening_sockets import MPI_LIBRARY, attributing_new_sockets
-from ..supported_versions import SUPPORTED, warn_if_untested
-from ._abort import install_abort_on_failure
+from lightning_dist_hooks.listening_sockets import MPI_LIBRARY, attributing_new_sockets
+from lightning_dist_hooks.mpi._abort import install_abort_on_failure
+from lightning_dist_hooks.supported_versions import SUPPORTED, warn_if_untested
 
 INSTALL_HINT = f'pip install "mpi4py{SUPPORTED["mpi4py"]}" (from a clone of lightning-dist-hooks: pip install ".[mpi]")'
 

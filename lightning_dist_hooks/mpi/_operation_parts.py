@@ -17,11 +17,19 @@ from typing import TYPE_CHECKING, NamedTuple
 import torch
 from torch.distributed import ReduceOp
 
-from ._argument_checks import check_multiple, check_same_size, check_tag
-from ._buffers import bytes_in_pieces, bytes_of, copy_back, require_cpu_tensor, staged_copy, staged_output, values_of
-from ._operation_names import describe_tensors
-from ._operation_records import MpiCall
-from ._reductions import Reduction, reduction_for
+from lightning_dist_hooks.mpi._argument_checks import check_multiple, check_same_size, check_tag
+from lightning_dist_hooks.mpi._buffers import (
+    bytes_in_pieces,
+    bytes_of,
+    copy_back,
+    require_cpu_tensor,
+    staged_copy,
+    staged_output,
+    values_of,
+)
+from lightning_dist_hooks.mpi._operation_names import describe_tensors
+from lightning_dist_hooks.mpi._operation_records import MpiCall
+from lightning_dist_hooks.mpi._reductions import Reduction, reduction_for
 
 if TYPE_CHECKING:
     from mpi4py import MPI

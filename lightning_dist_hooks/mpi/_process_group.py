@@ -19,10 +19,16 @@ import torch.distributed as dist
 from torch._C._distributed_c10d import AllgatherOptions  # not re-exported by torch.distributed
 from torch.distributed import ReduceOp
 
-from ._direct_allreduce import DirectTarget, direct_target
-from ._engine import ProgressEngine
-from ._operation_names import BACKEND_NAME, describe_allreduce, describe_barrier, describe_tensors, reduce_op_name
-from ._operation_parts import (
+from lightning_dist_hooks.mpi._direct_allreduce import DirectTarget, direct_target
+from lightning_dist_hooks.mpi._engine import ProgressEngine
+from lightning_dist_hooks.mpi._operation_names import (
+    BACKEND_NAME,
+    describe_allreduce,
+    describe_barrier,
+    describe_tensors,
+    reduce_op_name,
+)
+from lightning_dist_hooks.mpi._operation_parts import (
     Part,
     all_gather_single_part,
     all_to_all_single_part,
@@ -38,10 +44,10 @@ from ._operation_parts import (
     scatter_part,
     send_parts,
 )
-from ._operation_records import MpiCall
-from ._routed_group import RoutedGroup
-from ._sparse_parts import check_sparse_allreduce, sparse_sizes_part, sparse_sum_parts
-from ._work import completed_work
+from lightning_dist_hooks.mpi._operation_records import MpiCall
+from lightning_dist_hooks.mpi._routed_group import RoutedGroup
+from lightning_dist_hooks.mpi._sparse_parts import check_sparse_allreduce, sparse_sizes_part, sparse_sum_parts
+from lightning_dist_hooks.mpi._work import completed_work
 
 if TYPE_CHECKING:
     from mpi4py import MPI

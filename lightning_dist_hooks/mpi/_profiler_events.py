@@ -20,7 +20,7 @@ import torch
 # torch's record_function without its context manager, so that another thread can end it; the profiler's own check.
 from torch._C._autograd import _profiler_enabled, _record_function_with_args_enter, _record_function_with_args_exit
 
-from ._operation_names import BACKEND_NAME
+from lightning_dist_hooks.mpi._operation_names import BACKEND_NAME
 
 __all__ = ["ProfilerEvent", "end_event", "profiler_active", "start_event"]
 

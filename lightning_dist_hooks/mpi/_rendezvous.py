@@ -18,12 +18,12 @@ from urllib.parse import parse_qs, urlparse
 
 import torch.distributed as dist
 
-from ..launcher_variables import launcher_facts
-from ..outside_watchdog import OutsideWatchdog, WatchedWait, watched_from_outside
-from ..wait_schedule import DEFAULT_SCHEDULE, grace_s
-from ._launch import detect_mpi_launch
-from ._mpi import init_mpi
-from ._store import MpiStore
+from lightning_dist_hooks.launcher_variables import launcher_facts
+from lightning_dist_hooks.mpi._launch import detect_mpi_launch
+from lightning_dist_hooks.mpi._mpi import init_mpi
+from lightning_dist_hooks.mpi._store import MpiStore
+from lightning_dist_hooks.outside_watchdog import OutsideWatchdog, WatchedWait, watched_from_outside
+from lightning_dist_hooks.wait_schedule import DEFAULT_SCHEDULE, grace_s
 
 SCHEME = "mpi"
 INIT_METHOD = f"{SCHEME}://"

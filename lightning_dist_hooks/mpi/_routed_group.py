@@ -26,12 +26,12 @@ import torch
 import torch.distributed as dist
 from torch._C._distributed_c10d import AllgatherOptions  # not re-exported by torch.distributed
 
-from ._collective_queue import CollectiveQueue
-from ._engine import ProgressEngine
-from ._operation_parts import Part, finish_all
-from ._operation_records import BlockingCall, GroupWatch, MpiCall, deadline_of
-from ._profiler_events import profiler_active, start_event
-from ._work import QueuedWork, RequestWork, completed_work
+from lightning_dist_hooks.mpi._collective_queue import CollectiveQueue
+from lightning_dist_hooks.mpi._engine import ProgressEngine
+from lightning_dist_hooks.mpi._operation_parts import Part, finish_all
+from lightning_dist_hooks.mpi._operation_records import BlockingCall, GroupWatch, MpiCall, deadline_of
+from lightning_dist_hooks.mpi._profiler_events import profiler_active, start_event
+from lightning_dist_hooks.mpi._work import QueuedWork, RequestWork, completed_work
 
 if TYPE_CHECKING:
     from mpi4py import MPI

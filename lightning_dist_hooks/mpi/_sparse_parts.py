@@ -19,10 +19,10 @@ from types import ModuleType
 import torch
 from torch.distributed import ReduceOp
 
-from ._buffers import bytes_in_pieces, bytes_of
-from ._operation_names import reduce_op_name
-from ._operation_parts import Part
-from ._operation_records import MpiCall
+from lightning_dist_hooks.mpi._buffers import bytes_in_pieces, bytes_of
+from lightning_dist_hooks.mpi._operation_names import reduce_op_name
+from lightning_dist_hooks.mpi._operation_parts import Part
+from lightning_dist_hooks.mpi._operation_records import MpiCall
 
 
 def check_sparse_allreduce(tensors: list[torch.Tensor], op: ReduceOp) -> None:

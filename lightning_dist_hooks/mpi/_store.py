@@ -25,8 +25,8 @@ from typing import TYPE_CHECKING, Any
 
 import torch.distributed as dist
 
-from ._store_arguments import amount_of, key_of, keys_of, timeout_of, value_of, values_of
-from ._store_service import StoreService, duplicate_world
+from lightning_dist_hooks.mpi._store_arguments import amount_of, key_of, keys_of, timeout_of, value_of, values_of
+from lightning_dist_hooks.mpi._store_service import StoreService, duplicate_world
 
 if TYPE_CHECKING:
     from mpi4py import MPI

@@ -40,10 +40,10 @@ from typing import TYPE_CHECKING, Any
 
 import torch.distributed as dist
 
-from ..launcher_variables import local_rank_count
-from ._abort import failure_recorded
-from ._key_table import Answer, KeyTable, Request
-from ._mpi import init_mpi
+from lightning_dist_hooks.launcher_variables import local_rank_count
+from lightning_dist_hooks.mpi._abort import failure_recorded
+from lightning_dist_hooks.mpi._key_table import Answer, KeyTable, Request
+from lightning_dist_hooks.mpi._mpi import init_mpi
 
 if TYPE_CHECKING:
     from mpi4py import MPI

@@ -22,8 +22,8 @@ from typing import TYPE_CHECKING
 import torch
 import torch.distributed as dist
 
-from ._operation_records import Deadline, MpiCall
-from ._profiler_events import ProfilerEvent, end_event
+from lightning_dist_hooks.mpi._operation_records import Deadline, MpiCall
+from lightning_dist_hooks.mpi._profiler_events import ProfilerEvent, end_event
 
 if TYPE_CHECKING:
     from mpi4py import MPI

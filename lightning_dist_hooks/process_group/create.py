@@ -19,9 +19,9 @@ from lightning_dist_hooks.bootstrap_plan import BootstrapPlan
 from lightning_dist_hooks.hooks import takes_device_id
 from lightning_dist_hooks.init_methods import InitMethod, Rendezvous, diagnostics_of, prepare_rendezvous
 from lightning_dist_hooks.listening_sockets import attributing_new_sockets
-from lightning_dist_hooks.process_group.mpi_listeners import listeners_are_reported, warn_if_ranks_listen_needlessly
 from lightning_dist_hooks.process_group.progress import missing_ranks_query, rendezvous_progress
 from lightning_dist_hooks.process_group.rendezvous_deadline import rendezvous_deadline
+from lightning_dist_hooks.transports import CreatedGroup, transports_taking_part
 
 # Runs before multiprocessing's own exit handlers of lower priority; the value only orders finalizers.
 _FINISH_PRIORITY = 100
@@ -35,12 +35,15 @@ def create_process_group(strategy: Any, plan: BootstrapPlan, hook: Callable[...,
     """Create this rank's default process group as ``plan`` says, through ``hook`` (``setup_distributed_backend``).
 
     Called on every rank after the strategy knows its ranks and before any collective: the rendezvous is prepared,
-    the hook creates the group, the group is checked. The group and the rendezvous file (if any) are finished when
+    the hook creates the group, the group is checked, and each transport taking part in the job is told it exists
+    (:meth:`Transport.after_group_created`). The group and the rendezvous file (if any) are finished when
     the process exits, as Lightning keeps a group for the process's lifetime.
     """
     rank, world_size = strategy.global_rank, strategy.world_size
     device_id = lightning_device_id(strategy)
-    backend = _lightning_internals.resolved_process_group_backend(strategy)
+    backend = plan.process_group_backend
+    assert backend is not None, "a plan for a strategy that creates a process group names its backend"
+    taking_part = transports_taking_part(backend)
     timeout = _lightning_internals.process_group_timeout(strategy) or default_pg_timeout
     assert strategy.cluster_environment is not None
     handler = plan.init_method.handler
@@ -61,10 +64,10 @@ def create_process_group(strategy: Any, plan: BootstrapPlan, hook: Callable[...,
         with (
             rendezvous_progress(rank, world_size, location, timeout, missing),
             rendezvous_deadline(rank, world_size, location, timeout, missing),
-            # What listens from now on and is not MPI's (said inside) nor the TCP store's (known by its port); /proc
-            # is read only where the warning below may speak.
+            # What listens from now on and is not named inside (a transport's library) nor the TCP store's (known by
+            # its port); /proc is read only where a transport taking part reads who listens.
             attributing_new_sockets(lambda: f"the {backend} backend, for connections between ranks")
-            if listeners_are_reported(backend)
+            if any(transport.reads_listeners for transport in taking_part)
             else nullcontext(),
         ):
             hook(
@@ -90,7 +93,8 @@ def create_process_group(strategy: Any, plan: BootstrapPlan, hook: Callable[...,
     check_default_group(rank, world_size)
     main_address = diagnostics_of(handler).main_address(rendezvous.init_method)
     tcp_store_port = main_address[1] if main_address is not None and rank == 0 else None
-    warn_if_ranks_listen_needlessly(backend, tcp_store_port, flavour.rank_zero_warn)
+    for transport in taking_part:
+        transport.after_group_created(CreatedGroup(backend, tcp_store_port, flavour.rank_zero_warn))
     flavour.rank_zero_info(
         f"{'-' * 100}\ndistributed_backend={backend}, init_method={rendezvous.init_method}\n"
         f"All distributed processes registered. Starting with {world_size} processes\n{'-' * 100}\n"

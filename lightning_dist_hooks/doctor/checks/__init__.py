@@ -2,20 +2,18 @@
 
 Checks before the rendezvous need only this rank; they still give their verdict when the rendezvous fails. Checks
 after it read the facts every rank gathered (``ranks``: one dict per rank, see ``facts.rank_facts``). One concern
-per module:
+per module (a transport's own checks are its ``Transport.doctor_checks_before`` and ``doctor_checks_after``):
 
 * ``verdict``: the :class:`Verdict` every check gives, and :func:`merge`, the verdicts of all ranks as one list;
 * ``layout``: processes per node and nodes against ``devices`` and ``num_nodes``;
 * ``privacy``: the rendezvous directory and file, safe from other users;
 * ``shared_filesystem``: the rendezvous directory, one directory on every node, with file locks where needed;
 * ``network``: rank 0's main address and port, gloo's interface, what host names resolve to;
-* ``mpi_backend``: an MPI backend's mpi4py, and the sockets its ranks listen on;
 * ``allreduce``: the all-reduce's sum, correct on every rank.
 """
 
 from lightning_dist_hooks.doctor.checks.allreduce import check_allreduce
 from lightning_dist_hooks.doctor.checks.layout import check_hosts, check_launcher_layout
-from lightning_dist_hooks.doctor.checks.mpi_backend import check_mpi4py, check_mpi_sockets
 from lightning_dist_hooks.doctor.checks.network import (
     check_host_names,
     check_interfaces,
@@ -42,8 +40,6 @@ __all__ = [
     "check_launcher_layout",
     "check_main_address",
     "check_main_port",
-    "check_mpi4py",
-    "check_mpi_sockets",
     "check_tokens",
     "merge",
 ]

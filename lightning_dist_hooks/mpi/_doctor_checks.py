@@ -1,5 +1,5 @@
-"""An MPI backend (``torch_dist_backend`` in ``MPI_BACKENDS``) or launcher: mpi4py importable, and no needless
-listening socket.
+"""The MPI transport's doctor checks, for an MPI backend (``torch_dist_backend`` in ``MPI_BACKENDS``) or launcher:
+mpi4py importable, and no needless listening socket.
 
 The MPI transport needs mpi4py on every rank, or the process group cannot form. Once formed, ranks on one node need
 no listening TCP socket (shared memory carries MPI's messages), so one that MPI opened (Open MPI's tcp transport)
@@ -14,9 +14,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from lightning_dist_hooks.backends import MPI_BACKENDS
-from lightning_dist_hooks.doctor.checks.verdict import FAIL, OK, WARN, Verdict
 from lightning_dist_hooks.listening_sockets import TCP_STORE, is_launchers, is_mpi_librarys
+from lightning_dist_hooks.mpi._registration import MPI_BACKENDS
+from lightning_dist_hooks.verdict import FAIL, OK, WARN, Verdict
 
 
 def check_mpi4py(backend: str | None, mpi4py_installed: bool, install_hint: str) -> Verdict | None:

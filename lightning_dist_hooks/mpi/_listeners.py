@@ -13,14 +13,11 @@ fix for each cause.
 
 from __future__ import annotations
 
-import os
 import socket
 from collections.abc import Callable
 
 import torch.distributed as dist
 
-from lightning_dist_hooks.backends import MPI_BACKENDS
-from lightning_dist_hooks.launcher_variables import started_by_an_mpi_launcher
 from lightning_dist_hooks.listening_sockets import (
     TCP_STORE,
     is_launchers,
@@ -47,20 +44,13 @@ def own_listeners(tcp_store_port: int | None) -> list[Opened]:
     return [(address, opener) for address, opener in found if not is_launchers(opener)]
 
 
-def listeners_are_reported(backend: str) -> bool:
-    """Whether this job's listeners are told of (and so worth attributing): an MPI backend or launcher."""
-    return backend in MPI_BACKENDS or started_by_an_mpi_launcher(os.environ)
-
-
 def warn_if_ranks_listen_needlessly(backend: str, tcp_store_port: int | None, warn: Callable[[str], None]) -> None:
-    """Collective over the default group, on every rank, under an MPI backend or launcher: ``warn`` (on rank 0)
-    names every rank's own listening sockets and who opened them, if a setting would close some (see the module's
-    description). Does nothing in a job no MPI launcher started, under another backend.
+    """Collective over the default group, on every rank: ``warn`` (on rank 0) names every rank's own listening
+    sockets and who opened them, if a setting would close some (see the module's description). The MPI transport
+    calls it right after the group exists, in a job it takes part in (an MPI backend or launcher).
 
-        warn_if_ranks_listen_needlessly("gloo", None, flavour.rank_zero_warn)   # right after init_process_group
+        warn_if_ranks_listen_needlessly("gloo", None, flavour.rank_zero_warn)
     """
-    if not listeners_are_reported(backend):
-        return
     gathered: list[tuple[str, list[Opened]] | None] = [None] * dist.get_world_size()
     dist.all_gather_object(gathered, (socket.gethostname(), own_listeners(tcp_store_port)))
     message = listening_message(backend, [entry for entry in gathered if entry is not None])
