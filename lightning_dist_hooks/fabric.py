@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from typing import Any, Callable, Optional  # noqa: UP035 - see above
+
 # typing's Callable and Optional, not collections.abc's and `X | None`: they are runtime annotations in the generated
 # signature, next to Lightning's own (typing's), for help() and LightningCLI.
-from typing import Any, Callable, Optional  # noqa: UP035 - see above
+from typing_extensions import override  # a dependency of torch and of Lightning
 
 from lightning_dist_hooks.bootstrap_plan import BootstrapPlan
 from lightning_dist_hooks.bootstrap_sequence import start_with_flags
@@ -58,6 +60,7 @@ class DistributedHooksFabricMixin:
 
     _bootstrap_plan: BootstrapPlan  # set by start_with_flags
 
+    @override
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
         if DistributedHooksFabricMixin in cls.__bases__ and "__init__" not in cls.__dict__:

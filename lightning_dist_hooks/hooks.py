@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec
 import torch
 import torch.distributed
 from torch.utils.data import DataLoader, Sampler
+from typing_extensions import override  # a dependency of torch and of Lightning
 
 from lightning_dist_hooks import _lightning_internals
 
@@ -112,6 +113,7 @@ class _Placeholder:
     def __init__(self, name: str) -> None:
         self.name = name
 
+    @override
     def __repr__(self) -> str:
         return f"<{self.name}>"
 
@@ -242,9 +244,11 @@ class Stage(str):
         stage.running_stage = running_stage
         return stage
 
+    @override
     def __eq__(self, other: object) -> bool:
         return bool(self.running_stage == other)
 
+    @override
     def __ne__(self, other: object) -> bool:
         return not self == other
 
@@ -256,6 +260,7 @@ class Stage(str):
             raise AttributeError(name)
         return getattr(running_stage, name)
 
+    @override
     def __reduce__(self) -> tuple[type[Stage], tuple[Enum]]:
         return Stage, (self.running_stage,)
 

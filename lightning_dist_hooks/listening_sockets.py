@@ -21,6 +21,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+from typing_extensions import override  # a dependency of torch and of Lightning
+
 _TCP_LISTEN = "0A"
 
 # How every attribution of a socket the rank inherited starts: the verdicts tell the launcher's sockets by it, since
@@ -44,6 +46,7 @@ class ListeningSocket:
     port: int
     inode: str
 
+    @override
     def __str__(self) -> str:
         return f"[{self.address}]:{self.port}" if ":" in self.address else f"{self.address}:{self.port}"
 

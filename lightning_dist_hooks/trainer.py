@@ -6,6 +6,8 @@ import inspect
 from collections.abc import Callable
 from typing import Any
 
+from typing_extensions import override  # a dependency of torch and of Lightning
+
 from lightning_dist_hooks._lightning_internals import check_same_package
 from lightning_dist_hooks.bootstrap_plan import BootstrapPlan, creates_process_group
 from lightning_dist_hooks.bootstrap_sequence import mixed_flavour, start_with_flags
@@ -47,6 +49,7 @@ class DistributedHooksTrainerMixin:
 
     _bootstrap_plan: BootstrapPlan  # set by start_with_flags
 
+    @override
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
         if DistributedHooksTrainerMixin not in cls.__bases__:

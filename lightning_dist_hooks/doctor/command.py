@@ -29,6 +29,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch.utils.data import DataLoader
+from typing_extensions import override  # a dependency of torch and of Lightning
 
 from lightning_dist_hooks._lightning_internals import PYTORCH_LIGHTNING
 from lightning_dist_hooks._pytorch_lightning import LightningModule, Trainer
@@ -261,6 +262,7 @@ class DoctorModule(LightningModule):
         super().__init__()
         self.checkup = checkup
 
+    @override
     @taking_parameters_of(default_setup_distributed_backend)
     def setup_distributed_backend(self, *args: Any, **kwargs: Any) -> None:
         called = setup_arguments(*args, **kwargs)
@@ -273,6 +275,7 @@ class DoctorModule(LightningModule):
             super().setup_distributed_backend(*args, **kwargs)
         self.checkup.check_after_rendezvous(self.device)
 
+    @override
     def validation_step(self, batch: Any, batch_idx: int) -> None:
         return None
 

@@ -18,6 +18,7 @@ import torch
 import torch.distributed as dist
 from torch._C._distributed_c10d import AllgatherOptions  # not re-exported by torch.distributed
 from torch.distributed import ReduceOp
+from typing_extensions import override  # a dependency of torch and of Lightning
 
 from lightning_dist_hooks.mpi._direct_allreduce import DirectTarget, direct_target
 from lightning_dist_hooks.mpi._engine import ProgressEngine
@@ -88,9 +89,11 @@ class MpiProcessGroup(RoutedGroup):
     def getGroupDesc(self) -> str:  # noqa: N802 - the C++ virtual's name
         return self._group_description
 
+    @override
     def __repr__(self) -> str:
         return f"MpiProcessGroup(rank={self._rank}, size={self._size}, {self._description})"
 
+    @override
     def _get_backend(self, device: torch.device) -> MpiProcessGroup:  # type: ignore[override]  # see the docstring
         """This group is its own (CPU) backend. torch 2.14's ``batch_isend_irecv`` asks every ``ProcessGroup``,
         subclasses too, for its device's backend (to read ``supports_coalescing``); torch's own lookup finds none
@@ -102,6 +105,7 @@ class MpiProcessGroup(RoutedGroup):
     # Each implements the C++ virtual torch calls, ``(tensors, opts)``; torch's stub types the Python convenience
     # overloads instead, hence ``type: ignore[override]`` (and ``[assignment]`` for the ``_*_base`` aliases).
 
+    @override
     def allreduce(self, tensors: list[torch.Tensor], opts: dist.AllreduceOptions | None = None) -> dist.Work:  # type: ignore[override]
         opts = opts or dist.AllreduceOptions()
         # dist.all_reduce(t) of metrics, sync_dist, and DDP's buckets: frequent, so every line here costs. A
@@ -155,11 +159,13 @@ class MpiProcessGroup(RoutedGroup):
 
         return self._run("sparse_all_reduce", describe, tensors, tensors, parts, opts)
 
+    @override
     def allreduce_coalesced(
         self, tensors: list[torch.Tensor], opts: dist.AllreduceCoalescedOptions | None = None
     ) -> dist.Work:
         return self.allreduce(tensors, opts or dist.AllreduceCoalescedOptions())
 
+    @override
     def broadcast(self, tensors: list[torch.Tensor], opts: dist.BroadcastOptions | None = None) -> dist.Work:  # type: ignore[override]
         opts = opts or dist.BroadcastOptions()
         root = opts.rootRank
@@ -170,6 +176,7 @@ class MpiProcessGroup(RoutedGroup):
 
         return self._run("broadcast", describe, tensors, tensors, parts, opts)
 
+    @override
     def allgather(  # type: ignore[override]
         self, output_lists: list[list[torch.Tensor]], inputs: list[torch.Tensor], opts: AllgatherOptions | None = None
     ) -> dist.Work:
@@ -179,6 +186,7 @@ class MpiProcessGroup(RoutedGroup):
             "all_gather", lambda: f"allgather of {describe_tensors(inputs)}", inputs, all_outputs, parts, opts
         )
 
+    @override
     def allgather_coalesced(
         self,
         output_lists: list[list[torch.Tensor]],
@@ -200,6 +208,7 @@ class MpiProcessGroup(RoutedGroup):
 
         return self._run("all_gather", describe, inputs, all_outputs, parts, opts)
 
+    @override
     def all_gather_single(
         self, output: torch.Tensor, input_tensor: torch.Tensor, opts: AllgatherOptions | None = None
     ) -> dist.Work:
@@ -215,6 +224,7 @@ class MpiProcessGroup(RoutedGroup):
 
     _allgather_base = all_gather_single  # type: ignore[assignment]
 
+    @override
     def all_gather_single_coalesced(
         self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts: AllgatherOptions | None = None
     ) -> dist.Work:
@@ -230,6 +240,7 @@ class MpiProcessGroup(RoutedGroup):
             opts,
         )
 
+    @override
     def gather(  # type: ignore[override]
         self, output_lists: list[list[torch.Tensor]], inputs: list[torch.Tensor], opts: dist.GatherOptions | None = None
     ) -> dist.Work:
@@ -240,6 +251,7 @@ class MpiProcessGroup(RoutedGroup):
             "gather", lambda: f"gather to rank {root} of {describe_tensors(inputs)}", inputs, outputs, [part], opts
         )
 
+    @override
     def scatter(  # type: ignore[override]
         self,
         outputs: list[torch.Tensor],
@@ -256,6 +268,7 @@ class MpiProcessGroup(RoutedGroup):
 
         return self._run("scatter", describe, scattered, outputs, [part], opts)
 
+    @override
     def reduce(self, tensors: list[torch.Tensor], opts: dist.ReduceOptions | None = None) -> dist.Work:  # type: ignore[override]
         opts = opts or dist.ReduceOptions()
         root, (tensor,) = opts.rootRank, tensors
@@ -267,6 +280,7 @@ class MpiProcessGroup(RoutedGroup):
 
         return self._run("reduce", describe, tensors, tensors, [part], opts)
 
+    @override
     def reduce_scatter(  # type: ignore[override]
         self,
         outputs: list[torch.Tensor],
@@ -283,6 +297,7 @@ class MpiProcessGroup(RoutedGroup):
 
         return self._run("reduce_scatter", describe, inputs, outputs, [part], opts)
 
+    @override
     def reduce_scatter_single(
         self, output: torch.Tensor, input_tensor: torch.Tensor, opts: dist.ReduceScatterOptions | None = None
     ) -> dist.Work:
@@ -297,6 +312,7 @@ class MpiProcessGroup(RoutedGroup):
 
     _reduce_scatter_base = reduce_scatter_single  # type: ignore[assignment]
 
+    @override
     def reduce_scatter_single_coalesced(
         self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts: dist.ReduceScatterOptions | None = None
     ) -> dist.Work:
@@ -312,6 +328,7 @@ class MpiProcessGroup(RoutedGroup):
 
         return self._run("reduce_scatter_tensor_coalesced", describe, inputs, outputs, parts, opts)
 
+    @override
     def all_to_all_single(  # type: ignore[override]
         self,
         output: torch.Tensor,
@@ -329,12 +346,14 @@ class MpiProcessGroup(RoutedGroup):
 
         return self._run("all_to_all", describe, [input_tensor], [output], [part], opts)
 
+    @override
     def alltoall(  # type: ignore[override]
         self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts: dist.AllToAllOptions | None = None
     ) -> dist.Work:
         part = alltoall_part(self._mpi, outputs, inputs)
         return self._run("all_to_all", lambda: f"alltoall of {describe_tensors(inputs)}", inputs, outputs, [part], opts)
 
+    @override
     def barrier(self, opts: dist.BarrierOptions | None = None) -> dist.Work:  # type: ignore[override]
         if self._runs_here(opts, 0):  # dist.barrier(): Lightning's sync_dist runs one per metric
             self._engine.call_blocking((time.monotonic(), self._watch, describe_barrier), self._comm.Barrier)
@@ -354,6 +373,7 @@ class MpiProcessGroup(RoutedGroup):
 
     # --- point to point (always non-blocking: blocking sends could deadlock send/send pairs) ---------------
 
+    @override
     def send(self, tensors: list[torch.Tensor], dst_rank: int, tag: int) -> dist.Work:
         parts = send_parts(self._mpi, self._comm, tensors, dst_rank, tag)
 
@@ -362,12 +382,14 @@ class MpiProcessGroup(RoutedGroup):
 
         return self._post("send", describe, tensors, parts)
 
+    @override
     def recv(self, tensors: list[torch.Tensor], src_rank: int, tag: int) -> dist.Work:
         def describe() -> str:
             return f"recv from rank {src_rank} (tag {tag}) of {describe_tensors(tensors)}"
 
         return self._post("recv", describe, tensors, recv_parts(self._mpi, self._comm, tensors, src_rank, tag))
 
+    @override
     def recv_anysource(self, tensors: list[torch.Tensor], tag: int) -> dist.Work:
         def describe() -> str:
             return f"recv from any rank (tag {tag}) of {describe_tensors(tensors)}"

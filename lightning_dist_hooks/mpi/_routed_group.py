@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING
 import torch
 import torch.distributed as dist
 from torch._C._distributed_c10d import AllgatherOptions  # not re-exported by torch.distributed
+from typing_extensions import override  # a dependency of torch and of Lightning
 
 from lightning_dist_hooks.mpi._collective_queue import CollectiveQueue
 from lightning_dist_hooks.mpi._engine import ProgressEngine
@@ -77,6 +78,7 @@ class RoutedGroup(dist.ProcessGroup):
         self._description = description
         self._watch = GroupWatch(timeout, description)
 
+    @override
     def shutdown(self) -> None:
         """Release the communicator (``destroy_process_group``); MPI completes what is still in flight first."""
         self._engine.release(self._collectives)

@@ -24,6 +24,7 @@ from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 import torch.distributed as dist
+from typing_extensions import override  # a dependency of torch and of Lightning
 
 from lightning_dist_hooks.mpi._store_arguments import amount_of, key_of, keys_of, timeout_of, value_of, values_of
 from lightning_dist_hooks.mpi._store_service import StoreService, duplicate_world
@@ -67,14 +68,17 @@ class MpiStore(dist.Store):
 
     # --- one key ---
 
+    @override
     def set(self, key: str, value: bytes | str) -> None:
         key = key_of("set", key)
         self._ask(key, "set", value_of("set", value))
 
+    @override
     def get(self, key: str) -> bytes:
         values: list[bytes] = self._ask(key_of("get", key), "get")
         return values[0]
 
+    @override
     def add(self, key: str, amount: int) -> int:
         key = key_of("add", key)
         result: int = self._ask(key, "add", amount_of("add", amount))
@@ -84,6 +88,7 @@ class MpiStore(dist.Store):
         key = key_of("append", key)
         self._ask(key, "append", value_of("append", value))
 
+    @override
     def compare_set(self, key: str, expected: bytes | str, desired: bytes | str) -> bytes:
         key = key_of("compare_set", key)
         result: bytes = self._ask(
@@ -91,21 +96,25 @@ class MpiStore(dist.Store):
         )
         return result
 
+    @override
     def delete_key(self, key: str) -> bool:
         result: bool = self._ask(key_of("delete_key", key), "delete_key")
         return result
 
     # --- several keys ---
 
+    @override
     def check(self, keys: list[str]) -> bool:
         return all(self._service.ask_each_home("check", keys_of("check", keys), self._timeout_s()).values())
 
+    @override
     def wait(self, keys: list[str], timeout: timedelta | None = None) -> None:
         """Return once every key is set; ``timeout`` None or zero means the store's (torch's zero, "no timeout", would
         let a missing rank hang the job)."""
         keys = keys_of("wait", keys)
         self._service.ask_each_home("wait", keys, timeout_of("wait", timeout) or self._timeout_s())
 
+    @override
     def multi_get(self, keys: list[str]) -> list[bytes]:
         keys = keys_of("multi_get", keys)
         by_home = self._service.ask_each_home("get", keys, self._timeout_s())
@@ -130,9 +139,11 @@ class MpiStore(dist.Store):
 
     # --- every rank ---
 
+    @override
     def num_keys(self) -> int:
         return sum(self._service.ask_every_rank("num_keys", self._timeout_s()))
 
+    @override
     def list_keys(self) -> list[str]:
         return [key for keys in self._service.ask_every_rank("list_keys", self._timeout_s()) for key in keys]
 
@@ -145,16 +156,19 @@ class MpiStore(dist.Store):
 
     # --- queues ---
 
+    @override
     def queue_push(self, key: str, value: bytes | str) -> None:
         key = key_of("queue_push", key)
         self._ask(key, "queue_push", value_of("queue_push", value))
 
+    @override
     def queue_pop(self, key: str, block: bool = True) -> bytes:
         """The first item of the queue ``key``; waits for one up to the store's timeout, or with ``block`` False
         raises ``torch.distributed.QueueEmptyError`` at once."""
         result: bytes = self._ask(key_of("queue_pop", key), "queue_pop", bool(block))
         return result
 
+    @override
     def queue_len(self, key: str) -> int:
         result: int = self._ask(key_of("queue_len", key), "queue_len")
         return result

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
+from typing_extensions import override  # a dependency of torch and of Lightning
 
 from lightning_dist_hooks.mpi._operation_records import Deadline, MpiCall
 from lightning_dist_hooks.mpi._profiler_events import ProfilerEvent, end_event
@@ -39,23 +40,29 @@ class CompletedWork(dist.Work):
     __slots__ = ("_outputs",)
     _outputs: list[torch.Tensor]  # set by completed_work()
 
+    @override
     def wait(self, timeout: timedelta = timedelta(0)) -> bool:
         return True
 
+    @override
     def get_future(self) -> torch.futures.Future:
         future: torch.futures.Future = torch.futures.Future()
         future.set_result(self._outputs)
         return future
 
+    @override
     def is_completed(self) -> bool:
         return True
 
+    @override
     def is_success(self) -> bool:
         return True
 
+    @override
     def exception(self) -> BaseException | None:
         return None
 
+    @override
     def result(self) -> list[torch.Tensor]:
         return self._outputs
 
@@ -89,18 +96,23 @@ class PendingWork(dist.Work):
         self._error: BaseException | None = None
         self._future: torch.futures.Future = torch.futures.Future()
 
+    @override
     def get_future(self) -> torch.futures.Future:
         return self._future
 
+    @override
     def is_completed(self) -> bool:
         return self._done
 
+    @override
     def is_success(self) -> bool:
         return self._done and self._error is None
 
+    @override
     def exception(self) -> BaseException | None:
         return self._error
 
+    @override
     def result(self) -> list[torch.Tensor]:
         return self._outputs
 
@@ -141,6 +153,7 @@ class QueuedWork(PendingWork):
         super().__init__(outputs, deadline, finish, event)
         self.calls = calls  # keeps the tensors the MPI calls point at alive until they ran
 
+    @override
     def wait(self, timeout: timedelta = timedelta(0)) -> bool:
         self.shorten_deadline(timeout)
         if not self._done:
@@ -171,6 +184,7 @@ class RequestWork(PendingWork):
         self._requests: list[MPI.Request] = []
         self._statuses: list[MPI.Status] | None = None
 
+    @override
     def wait(self, timeout: timedelta = timedelta(0)) -> bool:
         self.shorten_deadline(timeout)
         self._complete()
@@ -178,6 +192,7 @@ class RequestWork(PendingWork):
             raise self._error
         return True
 
+    @override
     def source_rank(self) -> int:
         """The sender of a receive from any source (``torch.distributed.recv(src=None)``)."""
         if self._statuses is None:

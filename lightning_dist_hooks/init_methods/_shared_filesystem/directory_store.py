@@ -52,6 +52,7 @@ from datetime import timedelta
 from pathlib import Path
 
 import torch.distributed as dist
+from typing_extensions import override  # a dependency of torch and of Lightning
 
 _CREATE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 _READ = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -121,13 +122,16 @@ class DirectoryStore(dist.Store):
 
     # --- torch.distributed.Store ---
 
+    @override
     def set(self, key: str, value: bytes | str) -> None:
         self._append(key, b"=" + _as_bytes(value))
 
+    @override
     def get(self, key: str) -> bytes:
         value = self._refresh(key)[1]  # gloo waits for every key before it gets it: there already, usually
         return self._wait_for([key], self._timeout())[0] if value is None else value
 
+    @override
     def add(self, key: str, amount: int) -> int:
         if amount == 0:  # torch's barriers poll a counter with add(key, 0): a read, not an entry
             return _as_int(key, self._refresh(key)[1])
@@ -136,6 +140,7 @@ class DirectoryStore(dist.Store):
     def append(self, key: str, value: bytes | str) -> None:
         self._append(key, b"&" + _as_bytes(value))
 
+    @override
     def compare_set(self, key: str, expected: bytes | str, desired: bytes | str) -> bytes:
         """Set ``key`` to ``desired`` if its value is ``expected`` (empty: if it has none); return the value after.
 
@@ -154,9 +159,11 @@ class DirectoryStore(dist.Store):
                 return desired
             # Another writer changed the key since it was read: compare against the new value.
 
+    @override
     def check(self, keys: list[str]) -> bool:
         return all(self._refresh(key)[1] is not None for key in keys)
 
+    @override
     def wait(self, keys: list[str], timeout: timedelta | None = None) -> None:
         """Return once every key has had a value: a key this process has seen set counts, even if it was deleted
         since (``get`` reads the newest entries). So gloo's wait-then-get of a peer's address reads it once."""
@@ -165,6 +172,7 @@ class DirectoryStore(dist.Store):
         else:
             self._wait_for(keys, self._timeout() if timeout is None else timeout)
 
+    @override
     def delete_key(self, key: str) -> bool:
         while True:
             sequence, value = self._refresh(key)
@@ -174,11 +182,13 @@ class DirectoryStore(dist.Store):
                 self._remember(self._name(key), sequence + 1, None)
                 return True
 
+    @override
     def num_keys(self) -> int:
         self.operations.listings += 1
         names = {entry.rsplit(".", 1)[0][2:] for entry in os.listdir(self.directory_fd) if entry.startswith("k.")}
         return sum(self._refresh_encoded(name)[1] is not None for name in names)
 
+    @override
     def multi_get(self, keys: list[str]) -> list[bytes]:
         return self._wait_for(keys, self._timeout())
 
