@@ -21,13 +21,13 @@ def classes_for(flavour: Flavour, module: str) -> SimpleNamespace:
     package = flavour.pytorch
 
     # Each base is the flavour's class, chosen at run time: no type checker follows it (hence the ignores).
-    class Trainer(DistributedHooksTrainerMixin, flavour.Trainer):  # type: ignore[name-defined]
+    class Trainer(DistributedHooksTrainerMixin, flavour.Trainer):  # type: ignore[name-defined]  # a base chosen at run time
         pass
 
-    class LightningModule(DistributedHooksMixin, flavour.LightningModule):  # type: ignore[name-defined]
+    class LightningModule(DistributedHooksMixin, flavour.LightningModule):  # type: ignore[name-defined]  # a base chosen at run time
         pass
 
-    class Fabric(DistributedHooksFabricMixin, flavour.Fabric):  # type: ignore[name-defined]
+    class Fabric(DistributedHooksFabricMixin, flavour.Fabric):  # type: ignore[name-defined]  # a base chosen at run time
         pass
 
     Trainer.__doc__ = f"""``{package}.Trainer`` with ``torch_dist_backend``, ``torch_dist_init_method`` and the hooks.

@@ -219,10 +219,12 @@ def identity_from(alternatives: tuple[tuple[str, ...], ...]) -> str | None:
 
 def _int_variable(name: str) -> int:
     value = os.environ.get(name)
-    try:
-        return int(value)  # type: ignore[arg-type]  # None raises TypeError, caught below
-    except (TypeError, ValueError):
-        raise RuntimeError(f"The launcher should set {name} to an integer, but it is {value!r}.") from None
+    if value is not None:
+        try:
+            return int(value)
+        except ValueError:
+            pass
+    raise RuntimeError(f"The launcher should set {name} to an integer, but it is {value!r}.")
 
 
 def _environment_class(variables: LauncherVariables, module: str) -> type[LauncherEnvironment]:

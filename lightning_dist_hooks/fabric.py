@@ -11,7 +11,12 @@ from typing_extensions import override  # a dependency of torch and of Lightning
 from lightning_dist_hooks.bootstrap_plan import BootstrapPlan
 from lightning_dist_hooks.bootstrap_sequence import start_with_flags
 from lightning_dist_hooks.flag_docs import FLAG_DOCS, FLAG_PARAMETERS
-from lightning_dist_hooks.signatures import keyword_parameter, with_documented_arguments, with_keyword_parameters
+from lightning_dist_hooks.signatures import (
+    keyword_parameter,
+    set_signature,
+    with_documented_arguments,
+    with_keyword_parameters,
+)
 
 # Called with hooks.default_setup_distributed_backend's parameters (device_id where it takes it), checked at
 # construction; the annotation help() and LightningCLI show stays a plain Callable, like Lightning's own.
@@ -111,8 +116,7 @@ def _init_with_full_signature(cls: type) -> Callable[..., None]:
 
     __init__.__qualname__ = f"{cls.__qualname__}.__init__"
     __init__.__module__ = cls.__module__
-    # inspect.signature() reads __signature__, an attribute functions do not declare (hence the ignore).
-    __init__.__signature__ = with_keyword_parameters(  # type: ignore[attr-defined]
+    signature = with_keyword_parameters(
         parent_init,
         {
             **FLAG_PARAMETERS,
@@ -122,5 +126,6 @@ def _init_with_full_signature(cls: type) -> Callable[..., None]:
             ),
         },
     )
+    set_signature(__init__, signature)
     __init__.__doc__ = with_documented_arguments(parent_init.__doc__ or parent.__doc__ or "", FABRIC_PARAMETER_DOCS)
     return __init__

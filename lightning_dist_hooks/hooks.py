@@ -67,7 +67,7 @@ device_id: 'torch.device | None' = None) -> 'None'>
     def declare(method: Callable[..., None]) -> Callable[Concatenate[Any, _Parameters], None]:
         self_parameter = next(iter(inspect.signature(method).parameters.values()))
         # inspect.signature() reads __signature__, an attribute functions do not declare (hence the ignore).
-        method.__signature__ = signature.replace(  # type: ignore[attr-defined]
+        method.__signature__ = signature.replace(  # type: ignore[attr-defined]  # see above
             parameters=[self_parameter, *signature.parameters.values()]
         )
         method.__annotations__ = annotations

@@ -9,6 +9,11 @@ from collections.abc import Callable
 from typing import Any
 
 
+def set_signature(function: Callable[..., Any], signature: inspect.Signature) -> None:
+    """Make ``signature`` the one ``inspect.signature(function)`` reports (it reads ``__signature__``)."""
+    function.__signature__ = signature  # type: ignore[attr-defined]  # functions do not declare __signature__
+
+
 def with_keyword_parameters(parent: Callable[..., Any], added: dict[str, inspect.Parameter]) -> inspect.Signature:
     """``parent``'s signature with ``added`` as keyword-only parameters, placed before its ``**kwargs`` if any."""
     signature = inspect.signature(parent, eval_str=True)

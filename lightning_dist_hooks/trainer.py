@@ -16,6 +16,7 @@ from lightning_dist_hooks.hooks import check_hooks
 from lightning_dist_hooks.sampling import install_sampler_hook
 from lightning_dist_hooks.signatures import (
     presented_as,
+    set_signature,
     with_documented_arguments,
     with_keyword_parameters,
 )
@@ -140,7 +141,7 @@ def _initialize(
     install_sampler_hook(trainer)
 
 
-def _init_with_full_signature(cls: type) -> Callable[..., None]:
+def _init_with_full_signature(cls: type[DistributedHooksTrainerMixin]) -> Callable[..., None]:
     """An ``__init__`` for ``cls`` whose signature and docstring are the parent Trainer's plus our two flags.
 
     ``LightningCLI`` (jsonargparse) builds ``--trainer.*`` from the ``__init__`` it finds; it cannot follow
@@ -153,7 +154,7 @@ def _init_with_full_signature(cls: type) -> Callable[..., None]:
     stay keyword arguments), so that no ``PL_<CLASS>_TORCH_DIST_*`` reaches a Lightning ``__init__``.
     """
     flavour = mixed_flavour(cls, DistributedHooksTrainerMixin, _LIGHTNING_TRAINERS)
-    parent_init = super(DistributedHooksTrainerMixin, cls).__init__  # type: ignore[misc]  # the parent's, on purpose
+    parent_init = super(DistributedHooksTrainerMixin, cls).__init__
     parent_is_lightnings = parent_init is flavour.Trainer.__init__
 
     def __init__(self: Any, *args: Any, **kwargs: Any) -> None:  # noqa: N807 - becomes cls.__init__
@@ -164,10 +165,9 @@ def _init_with_full_signature(cls: type) -> Callable[..., None]:
     __init__.__qualname__ = f"{cls.__qualname__}.__init__"
     __init__.__module__ = cls.__module__
     if not parent_is_lightnings:
-        # inspect.signature() reads __signature__, an attribute functions do not declare (hence the ignores).
-        __init__.__signature__ = inspect.signature(parent_init)  # type: ignore[attr-defined]
+        set_signature(__init__, inspect.signature(parent_init))
         __init__.__doc__ = parent_init.__doc__
         return __init__
-    __init__.__signature__ = with_keyword_parameters(parent_init, FLAG_PARAMETERS)  # type: ignore[attr-defined]
+    set_signature(__init__, with_keyword_parameters(parent_init, FLAG_PARAMETERS))
     __init__.__doc__ = with_documented_arguments(parent_init.__doc__ or "", FLAG_DOCS)
     return flavour.with_env_defaults(__init__)

@@ -318,7 +318,9 @@ def _run(args: argparse.Namespace, checkup: Checkup) -> None:
             checkup.report_failure(error, check="trainer")
         else:
             # A list is a map-style dataset, which DataLoader's type hint (a Dataset) does not say.
-            trainer.validate(DoctorModule(checkup), dataloaders=DataLoader([torch.zeros(1)]), verbose=False)  # type: ignore[arg-type]
+            module = DoctorModule(checkup)
+            one_batch: DataLoader[torch.Tensor] = DataLoader([torch.zeros(1)])  # type: ignore[arg-type]  # a list: see above
+            trainer.validate(module, dataloaders=one_batch, verbose=False)
             checkup.print_report()
     except Exception as error:
         checkup.report_failure(error)

@@ -24,8 +24,13 @@ def describe_barrier() -> str:
     return "barrier"
 
 
+def red_op_type(op: ReduceOp) -> ReduceOp.RedOpType:
+    """Which reduction the ``ReduceOp`` object ``op`` is (``ReduceOp.SUM``, ...)."""
+    return op.op  # type: ignore[attr-defined]  # torch's stub omits ReduceOp.op (its RedOpType)
+
+
 def reduce_op_name(op: ReduceOp) -> str:
-    return op.op.name  # type: ignore[attr-defined]  # torch's stub omits ReduceOp.op (its RedOpType)
+    return red_op_type(op).name
 
 
 def describe_allreduce(op: ReduceOp, tensors: Sequence[torch.Tensor]) -> str:

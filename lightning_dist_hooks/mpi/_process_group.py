@@ -103,10 +103,13 @@ class MpiProcessGroup(RoutedGroup):
 
     # --- collectives --------------------------------------------------------------------------------------
     # Each implements the C++ virtual torch calls, ``(tensors, opts)``; torch's stub types the Python convenience
-    # overloads instead, hence ``type: ignore[override]`` (and ``[assignment]`` for the ``_*_base`` aliases).
+    # overloads instead, hence ``type: ignore[override]`` (and ``[assignment]`` for the ``_*_base`` aliases, whose
+    # parameters torch's stub names otherwise).
 
     @override
-    def allreduce(self, tensors: list[torch.Tensor], opts: dist.AllreduceOptions | None = None) -> dist.Work:  # type: ignore[override]
+    def allreduce(  # type: ignore[override]  # the C++ (tensors, opts) form only: see the collectives' note
+        self, tensors: list[torch.Tensor], opts: dist.AllreduceOptions | None = None
+    ) -> dist.Work:
         opts = opts or dist.AllreduceOptions()
         # dist.all_reduce(t) of metrics, sync_dist, and DDP's buckets: frequent, so every line here costs. A
         # contiguous tensor whose (op, dtype) MPI reduces as is goes straight to MPI: the blocking call on this
@@ -166,7 +169,9 @@ class MpiProcessGroup(RoutedGroup):
         return self.allreduce(tensors, opts or dist.AllreduceCoalescedOptions())
 
     @override
-    def broadcast(self, tensors: list[torch.Tensor], opts: dist.BroadcastOptions | None = None) -> dist.Work:  # type: ignore[override]
+    def broadcast(  # type: ignore[override]  # the C++ (tensors, opts) form only: see the collectives' note
+        self, tensors: list[torch.Tensor], opts: dist.BroadcastOptions | None = None
+    ) -> dist.Work:
         opts = opts or dist.BroadcastOptions()
         root = opts.rootRank
         parts = broadcast_parts(self._mpi, self._rank, tensors, root)
@@ -177,7 +182,7 @@ class MpiProcessGroup(RoutedGroup):
         return self._run("broadcast", describe, tensors, tensors, parts, opts)
 
     @override
-    def allgather(  # type: ignore[override]
+    def allgather(  # type: ignore[override]  # the C++ (tensors, opts) form only: see the collectives' note
         self, output_lists: list[list[torch.Tensor]], inputs: list[torch.Tensor], opts: AllgatherOptions | None = None
     ) -> dist.Work:
         parts = allgather_parts(self._mpi, self._size, output_lists, inputs)
@@ -222,7 +227,7 @@ class MpiProcessGroup(RoutedGroup):
             opts,
         )
 
-    _allgather_base = all_gather_single  # type: ignore[assignment]
+    _allgather_base = all_gather_single  # type: ignore[assignment]  # the stub's parameter names differ
 
     @override
     def all_gather_single_coalesced(
@@ -241,7 +246,7 @@ class MpiProcessGroup(RoutedGroup):
         )
 
     @override
-    def gather(  # type: ignore[override]
+    def gather(  # type: ignore[override]  # the C++ (tensors, opts) form only: see the collectives' note
         self, output_lists: list[list[torch.Tensor]], inputs: list[torch.Tensor], opts: dist.GatherOptions | None = None
     ) -> dist.Work:
         opts = opts or dist.GatherOptions()
@@ -252,7 +257,7 @@ class MpiProcessGroup(RoutedGroup):
         )
 
     @override
-    def scatter(  # type: ignore[override]
+    def scatter(  # type: ignore[override]  # the C++ (tensors, opts) form only: see the collectives' note
         self,
         outputs: list[torch.Tensor],
         input_lists: list[list[torch.Tensor]],
@@ -269,7 +274,9 @@ class MpiProcessGroup(RoutedGroup):
         return self._run("scatter", describe, scattered, outputs, [part], opts)
 
     @override
-    def reduce(self, tensors: list[torch.Tensor], opts: dist.ReduceOptions | None = None) -> dist.Work:  # type: ignore[override]
+    def reduce(  # type: ignore[override]  # the C++ (tensors, opts) form only: see the collectives' note
+        self, tensors: list[torch.Tensor], opts: dist.ReduceOptions | None = None
+    ) -> dist.Work:
         opts = opts or dist.ReduceOptions()
         root, (tensor,) = opts.rootRank, tensors
         part = reduce_part(self._mpi, self._rank, self._size, tensor, opts.reduceOp, root)
@@ -281,7 +288,7 @@ class MpiProcessGroup(RoutedGroup):
         return self._run("reduce", describe, tensors, tensors, [part], opts)
 
     @override
-    def reduce_scatter(  # type: ignore[override]
+    def reduce_scatter(  # type: ignore[override]  # the C++ (tensors, opts) form only: see the collectives' note
         self,
         outputs: list[torch.Tensor],
         input_lists: list[list[torch.Tensor]],
@@ -310,7 +317,7 @@ class MpiProcessGroup(RoutedGroup):
 
         return self._run("reduce_scatter_tensor", describe, [input_tensor], [output], [part], opts)
 
-    _reduce_scatter_base = reduce_scatter_single  # type: ignore[assignment]
+    _reduce_scatter_base = reduce_scatter_single  # type: ignore[assignment]  # the stub's parameter names differ
 
     @override
     def reduce_scatter_single_coalesced(
@@ -329,7 +336,7 @@ class MpiProcessGroup(RoutedGroup):
         return self._run("reduce_scatter_tensor_coalesced", describe, inputs, outputs, parts, opts)
 
     @override
-    def all_to_all_single(  # type: ignore[override]
+    def all_to_all_single(  # type: ignore[override]  # the C++ (tensors, opts) form only: see the collectives' note
         self,
         output: torch.Tensor,
         input_tensor: torch.Tensor,
@@ -347,14 +354,16 @@ class MpiProcessGroup(RoutedGroup):
         return self._run("all_to_all", describe, [input_tensor], [output], [part], opts)
 
     @override
-    def alltoall(  # type: ignore[override]
+    def alltoall(  # type: ignore[override]  # the C++ (tensors, opts) form only: see the collectives' note
         self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts: dist.AllToAllOptions | None = None
     ) -> dist.Work:
         part = alltoall_part(self._mpi, outputs, inputs)
         return self._run("all_to_all", lambda: f"alltoall of {describe_tensors(inputs)}", inputs, outputs, [part], opts)
 
     @override
-    def barrier(self, opts: dist.BarrierOptions | None = None) -> dist.Work:  # type: ignore[override]
+    def barrier(  # type: ignore[override]  # the C++ (opts) form only: see the collectives' note
+        self, opts: dist.BarrierOptions | None = None
+    ) -> dist.Work:
         if self._runs_here(opts, 0):  # dist.barrier(): Lightning's sync_dist runs one per metric
             self._engine.call_blocking((time.monotonic(), self._watch, describe_barrier), self._comm.Barrier)
             return completed_work([])

@@ -20,7 +20,7 @@ import torch
 from torch.distributed import ReduceOp
 
 from lightning_dist_hooks.mpi._buffers import bytes_in_pieces, bytes_of
-from lightning_dist_hooks.mpi._operation_names import reduce_op_name
+from lightning_dist_hooks.mpi._operation_names import red_op_type, reduce_op_name
 from lightning_dist_hooks.mpi._operation_parts import Part
 from lightning_dist_hooks.mpi._operation_records import MpiCall
 
@@ -33,7 +33,7 @@ def check_sparse_allreduce(tensors: list[torch.Tensor], op: ReduceOp) -> None:
             f"allreduce: the mpi4py backend reduces a list of tensors of one layout, got {', '.join(layouts)}. "
             "Reduce the sparse and the dense tensors in separate calls."
         )
-    if op.op != ReduceOp.RedOpType.SUM:  # type: ignore[attr-defined]  # torch's stub omits ReduceOp.op
+    if red_op_type(op) != ReduceOp.SUM:
         raise RuntimeError(
             f"allreduce of a sparse tensor: the mpi4py backend (as gloo) sums sparse tensors only, got "
             f"{reduce_op_name(op)}. Use ReduceOp.SUM, or reduce tensor.to_dense()."

@@ -179,7 +179,7 @@ class MpiStore(dist.Store):
         """Another handle on this same store (torch's ``clone``: e.g. one per thread), with this one's timeout."""
         handle = MpiStore.__new__(MpiStore)
         dist.Store.__init__(handle)
-        handle.set_timeout(self.timeout)  # type: ignore[attr-defined]  # torch's stubs omit the property
+        handle.set_timeout(self._timeout())
         handle._service = self._service
         self._service.handles.append(handle)
         return handle
@@ -190,9 +190,12 @@ class MpiStore(dist.Store):
 
     # --- asking ---
 
-    def _timeout_s(self) -> float:
+    def _timeout(self) -> timedelta:
         # The C++ store's, which torch's set_timeout changes (also through a PrefixStore wrapping this one).
-        return float(self.timeout.total_seconds())  # type: ignore[attr-defined]  # torch's stubs omit the property
+        return self.timeout  # type: ignore[attr-defined]  # torch's stubs omit the property
+
+    def _timeout_s(self) -> float:
+        return float(self._timeout().total_seconds())
 
     def _ask(self, key: str, op: str, *args: Any) -> Any:
         return self._service.ask_many([(self.home_of(key), op, (key,), args)], self._timeout_s())[0]
