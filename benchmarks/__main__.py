@@ -35,25 +35,49 @@ class Settings:
     bootstrap_repetitions: int
 
 
-FULL = Settings(step_rounds=20, warmup_steps=10, timed_steps=50, startup_repetitions=6,
-                bootstrap_world_sizes=(2, 4, 8, 16, 32), bootstrap_repetitions=5)
-QUICK = Settings(step_rounds=1, warmup_steps=2, timed_steps=5, startup_repetitions=1,
-                 bootstrap_world_sizes=(2, 4), bootstrap_repetitions=1)
+FULL = Settings(
+    step_rounds=20,
+    warmup_steps=10,
+    timed_steps=50,
+    startup_repetitions=6,
+    bootstrap_world_sizes=(2, 4, 8, 16, 32),
+    bootstrap_repetitions=5,
+)
+QUICK = Settings(
+    step_rounds=1,
+    warmup_steps=2,
+    timed_steps=5,
+    startup_repetitions=1,
+    bootstrap_world_sizes=(2, 4),
+    bootstrap_repetitions=1,
+)
 
 
 def parse_args() -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--quick", action="store_true", help="smoke run: checks that every section works")
-    parser.add_argument("--with-mpi", action="store_true",
-                        help="also run benchmarks/mpi_allreduce.py under mpirun (skipped without mpirun/mpi4py)")
-    parser.add_argument("--out", type=Path, help=f"results folder (default {RESULTS.relative_to(REPO)}, "
-                                                 "or its quick/ subfolder with --quick)")
-    parser.add_argument("--update-docs", action="store_true",
-                        help="rewrite the documentation's generated blocks from these results "
-                             "(python -m benchmarks.docs)")
-    parser.add_argument("--report-only", action="store_true",
-                        help="measure nothing: redraw the table and plots (and the docs) from --out's results.json")
+    parser.add_argument(
+        "--with-mpi",
+        action="store_true",
+        help="also run benchmarks/mpi_allreduce.py under mpirun (skipped without mpirun/mpi4py)",
+    )
+    parser.add_argument(
+        "--out",
+        type=Path,
+        help=f"results folder (default {RESULTS.relative_to(REPO)}, or its quick/ subfolder with --quick)",
+    )
+    parser.add_argument(
+        "--update-docs",
+        action="store_true",
+        help="rewrite the documentation's generated blocks from these results (python -m benchmarks.docs)",
+    )
+    parser.add_argument(
+        "--report-only",
+        action="store_true",
+        help="measure nothing: redraw the table and plots (and the docs) from --out's results.json",
+    )
     args = parser.parse_args()
     if args.update_docs and args.out not in (None, RESULTS):
         parser.error(f"--update-docs renders the documentation from {RESULTS.relative_to(REPO)}; drop --out")
@@ -79,20 +103,28 @@ def measure(args: argparse.Namespace, settings: Settings, out: Path) -> dict:
     # No tqdm monitor thread: the bootstrap section forks ranks, which must not inherit a running thread.
     tqdm.monitor_interval = 0
     started = time.monotonic()
-    results: dict = {"settings": asdict(settings), "machine": machine(),
-                     "command": shlex.join(["python", "-m", "benchmarks", *sys.argv[1:]]),
-                     "date": time.strftime("%Y-%m-%d %H:%M %Z")}
-    total = (step_overhead.task_count(settings.step_rounds) + startup.task_count(settings.startup_repetitions)
-             + bootstrap.task_count(list(settings.bootstrap_world_sizes), settings.bootstrap_repetitions)
-             + int(args.with_mpi))
+    results: dict = {
+        "settings": asdict(settings),
+        "machine": machine(),
+        "command": shlex.join(["python", "-m", "benchmarks", *sys.argv[1:]]),
+        "date": time.strftime("%Y-%m-%d %H:%M %Z"),
+    }
+    total = (
+        step_overhead.task_count(settings.step_rounds)
+        + startup.task_count(settings.startup_repetitions)
+        + bootstrap.task_count(list(settings.bootstrap_world_sizes), settings.bootstrap_repetitions)
+        + int(args.with_mpi)
+    )
     with tempfile.TemporaryDirectory(prefix="ldh-bench-") as scratch, tqdm(total=total, unit="task") as bar:
         workdir = Path(scratch)
         bar.set_description("bootstrap")
-        results["bootstrap"] = bootstrap.run(list(settings.bootstrap_world_sizes), settings.bootstrap_repetitions,
-                                             workdir, bar.update)
+        results["bootstrap"] = bootstrap.run(
+            list(settings.bootstrap_world_sizes), settings.bootstrap_repetitions, workdir, bar.update
+        )
         bar.set_description("step overhead")
-        results["step_overhead"] = step_overhead.run(settings.step_rounds, settings.warmup_steps,
-                                                     settings.timed_steps, workdir, bar.update)
+        results["step_overhead"] = step_overhead.run(
+            settings.step_rounds, settings.warmup_steps, settings.timed_steps, workdir, bar.update
+        )
         bar.set_description("start-up")
         results["startup"] = startup.run(settings.startup_repetitions, workdir, bar.update)
         if args.with_mpi:

@@ -57,8 +57,12 @@ def run(world_sizes: list[int], repetitions: int, workdir: Path, advance) -> dic
                 url, environment = _rendezvous(method, scratch)
                 seconds[method][world_size].append(time_to_first_barrier(method, url, environment, world_size).seconds)
                 advance(1)
-    return {"latency_ms": {method: {str(size): in_ms(summary(samples)) for size, samples in by_size.items()}
-                           for method, by_size in seconds.items()}}
+    return {
+        "latency_ms": {
+            method: {str(size): in_ms(summary(samples)) for size, samples in by_size.items()}
+            for method, by_size in seconds.items()
+        }
+    }
 
 
 def _directory_store() -> ModuleType:
@@ -91,8 +95,9 @@ class Trial:
     memory_used_mib: float = 0.0  # the most of the machine's memory the trial took (MemAvailable's largest drop)
 
 
-def time_to_first_barrier(method: str, target: str, environment: dict[str, str], world_size: int,
-                          timeout_s: float = TRIAL_TIMEOUT_S) -> Trial:
+def time_to_first_barrier(
+    method: str, target: str, environment: dict[str, str], world_size: int, timeout_s: float = TRIAL_TIMEOUT_S
+) -> Trial:
     """Seconds from forking the first rank until the last rank has passed its first barrier, and what they used."""
     context = multiprocessing.get_context("fork")
     # Each rank writes its own slots: no lock needed.
@@ -105,9 +110,13 @@ def time_to_first_barrier(method: str, target: str, environment: dict[str, str],
     lowest = available_before
     # CLOCK_MONOTONIC (time.monotonic on Linux) is one clock for all processes of the machine.
     started = time.monotonic()
-    ranks = [context.Process(target=_rank, args=(method, target, environment, rank, world_size, timeout_s, finished,
-                                                 operations, private_kib))
-             for rank in range(world_size)]
+    ranks = [
+        context.Process(
+            target=_rank,
+            args=(method, target, environment, rank, world_size, timeout_s, finished, operations, private_kib),
+        )
+        for rank in range(world_size)
+    ]
     for process in ranks:
         process.start()
     deadline = started + timeout_s
@@ -120,10 +129,16 @@ def time_to_first_barrier(method: str, target: str, environment: dict[str, str],
             process.kill()
             process.join(timeout=10)
     if any(process.exitcode != 0 for process in ranks):
-        raise RuntimeError(f"{method} with {world_size} ranks failed or exceeded {timeout_s:.0f} s "
-                           f"(exit codes {sorted({process.exitcode for process in ranks}, key=str)})")
-    return Trial(max(finished) - started, list(operations) if method == "dir://" else [],
-                 [kib / 1024 for kib in private_kib], (available_before - lowest) / 1024)
+        raise RuntimeError(
+            f"{method} with {world_size} ranks failed or exceeded {timeout_s:.0f} s "
+            f"(exit codes {sorted({process.exitcode for process in ranks}, key=str)})"
+        )
+    return Trial(
+        max(finished) - started,
+        list(operations) if method == "dir://" else [],
+        [kib / 1024 for kib in private_kib],
+        (available_before - lowest) / 1024,
+    )
 
 
 def _memory_available_kib() -> int:
@@ -137,14 +152,24 @@ def _private_kib() -> int:
         return sum(int(line.split()[1]) for line in rollup if line.startswith(("Private_Clean", "Private_Dirty")))
 
 
-def _rank(method: str, target: str, environment: dict[str, str], rank: int, world_size: int, timeout_s: float,
-          finished, operations, private_kib) -> None:
+def _rank(
+    method: str,
+    target: str,
+    environment: dict[str, str],
+    rank: int,
+    world_size: int,
+    timeout_s: float,
+    finished,
+    operations,
+    private_kib,
+) -> None:
     os.environ.update(environment, GLOO_SOCKET_IFNAME="lo")
     timeout = timedelta(seconds=timeout_s)
     store = None
     if method == "dir://":
-        store = _directory_store().DirectoryStore(os.open(target, os.O_RDONLY | os.O_DIRECTORY), Path(target), timeout,
-                                                  world_size)
+        store = _directory_store().DirectoryStore(
+            os.open(target, os.O_RDONLY | os.O_DIRECTORY), Path(target), timeout, world_size
+        )
     elif method == "FileStore":
         store = dist.FileStore(target, world_size)
     if store is None:
@@ -190,32 +215,43 @@ def scale(world_sizes: list[int], repetitions: int, workdir: Path, lazy: bool) -
                     if projected > MEMORY_MARGIN * _memory_available_kib() / 1024:
                         results["skipped"][f"{label} {world_size}"] = (
                             f"would take about {projected:.0f} MiB (the last size's use per rank, scaled), more than "
-                            f"{MEMORY_MARGIN:.0%} of the {_memory_available_kib() / 1024:.0f} MiB available")
+                            f"{MEMORY_MARGIN:.0%} of the {_memory_available_kib() / 1024:.0f} MiB available"
+                        )
                         continue
                     environment = {"TORCH_GLOO_LAZY_INIT": "1"} if mode == "lazy" else {}
-                    target, variables = _rendezvous(method, workdir / f"scale-{world_size}-{repetition}-{mode}-"
-                                                               f"{SCALE_METHODS.index(method)}")
+                    target, variables = _rendezvous(
+                        method, workdir / f"scale-{world_size}-{repetition}-{mode}-{SCALE_METHODS.index(method)}"
+                    )
                     try:
-                        trial = time_to_first_barrier(method, target, {**variables, **environment}, world_size,
-                                                      SCALE_TRIAL_TIMEOUT_S)
+                        trial = time_to_first_barrier(
+                            method, target, {**variables, **environment}, world_size, SCALE_TRIAL_TIMEOUT_S
+                        )
                     except RuntimeError as error:
                         results["skipped"][f"{label} {world_size}"] = str(error)
                         print(f"{label:14} {world_size:4} ranks: {error}", flush=True)
                         continue
                     used_per_rank[label] = max(used_per_rank.get(label, 0.0), trial.memory_used_mib / world_size)
-                    samples = entry.setdefault(str(world_size), {"seconds": [], "operations": [], "private_mib": [],
-                                                                 "memory_used_mib": []})
+                    samples = entry.setdefault(
+                        str(world_size), {"seconds": [], "operations": [], "private_mib": [], "memory_used_mib": []}
+                    )
                     samples["seconds"].append(trial.seconds)
                     samples["memory_used_mib"].append(trial.memory_used_mib)
                     samples["private_mib"].append(statistics.median(trial.private_mib))
                     if trial.operations:
                         samples["operations"].append(
-                            {"median": statistics.median(trial.operations), "max": max(trial.operations)})
-                    print(f"{label:14} {world_size:4} ranks: {trial.seconds:7.2f} s, machine memory "
-                          f"{trial.memory_used_mib:7.0f} MiB, median private "
-                          f"{statistics.median(trial.private_mib):5.1f} MiB/rank"
-                          + (f", ops/rank median {statistics.median(trial.operations):.0f} max "
-                             f"{max(trial.operations)}" if trial.operations else ""), flush=True)
+                            {"median": statistics.median(trial.operations), "max": max(trial.operations)}
+                        )
+                    print(
+                        f"{label:14} {world_size:4} ranks: {trial.seconds:7.2f} s, machine memory "
+                        f"{trial.memory_used_mib:7.0f} MiB, median private "
+                        f"{statistics.median(trial.private_mib):5.1f} MiB/rank"
+                        + (
+                            f", ops/rank median {statistics.median(trial.operations):.0f} max {max(trial.operations)}"
+                            if trial.operations
+                            else ""
+                        ),
+                        flush=True,
+                    )
     return results
 
 
@@ -246,12 +282,17 @@ def main(argv: list[str] | None = None) -> None:
     described = machine()
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="ldh-bench-scale-") as scratch:
-        results = scale([int(size) for size in args.world_sizes.split(",")], args.repetitions, Path(scratch),
-                        lazy=not args.no_lazy)
+        results = scale(
+            [int(size) for size in args.world_sizes.split(",")], args.repetitions, Path(scratch), lazy=not args.no_lazy
+        )
     described["load_after"] = os.getloadavg()
-    results.update(machine=described, seconds=time.monotonic() - started, date=time.strftime("%Y-%m-%d %H:%M %Z"),
-                   command=" ".join(["python -m benchmarks.bootstrap", *(argv if argv is not None else sys.argv[1:])]),
-                   lazy_init_available="TORCH_GLOO_LAZY_INIT" in _gloo_header())
+    results.update(
+        machine=described,
+        seconds=time.monotonic() - started,
+        date=time.strftime("%Y-%m-%d %H:%M %Z"),
+        command=" ".join(["python -m benchmarks.bootstrap", *(argv if argv is not None else sys.argv[1:])]),
+        lazy_init_available="TORCH_GLOO_LAZY_INIT" in _gloo_header(),
+    )
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(results, indent=2))
     from benchmarks import scale_report

@@ -45,8 +45,13 @@ def job_environment(**overrides: str) -> dict[str, str]:
     """Loopback only, this checkout importable, one torch thread per rank (2 ranks share the cores), no launcher
     variables (inherited, they would make Lightning detect the wrong cluster)."""
     env = _without_launcher_variables(os.environ)
-    env.update(GLOO_SOCKET_IFNAME="lo", MASTER_ADDR="127.0.0.1", OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1",
-               PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")])))
+    env.update(
+        GLOO_SOCKET_IFNAME="lo",
+        MASTER_ADDR="127.0.0.1",
+        OMP_NUM_THREADS="1",
+        PYTHONUNBUFFERED="1",
+        PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")])),
+    )
     env.update(overrides)
     return env
 
@@ -57,9 +62,15 @@ def machine() -> dict:
         memory_kib = int(next(line for line in meminfo if line.startswith("MemTotal")).split()[1])
     with open("/proc/cpuinfo") as cpuinfo:
         model = next((line.split(":", 1)[1].strip() for line in cpuinfo if line.startswith("model name")), "unknown")
-    return {"cpus": os.cpu_count(), "cpu_model": model, "memory_gib": memory_kib / 2**20,
-            "python": platform.python_version(), "torch": version("torch"),
-            "pytorch_lightning": version("pytorch-lightning"), "load_before": os.getloadavg()}
+    return {
+        "cpus": os.cpu_count(),
+        "cpu_model": model,
+        "memory_gib": memory_kib / 2**20,
+        "python": platform.python_version(),
+        "torch": version("torch"),
+        "pytorch_lightning": version("pytorch-lightning"),
+        "load_before": os.getloadavg(),
+    }
 
 
 def free_ports(count: int) -> list[int]:
@@ -88,12 +99,20 @@ def free_ports(count: int) -> list[int]:
 def start(command: list[str], env: dict[str, str], log: Path) -> subprocess.Popen:
     """Start ``command`` in its own process group (so a kill reaches its children), output to ``log``."""
     with open(log, "ab") as out:
-        return subprocess.Popen(command, cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL, start_new_session=True)
+        return subprocess.Popen(
+            command,
+            cwd=REPO,
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
 
 
-def wait_all(processes: list[subprocess.Popen], timeout: float, log: Path,
-             on_tick: Callable[[], None] | None = None) -> None:
+def wait_all(
+    processes: list[subprocess.Popen], timeout: float, log: Path, on_tick: Callable[[], None] | None = None
+) -> None:
     """Wait for every process; kill them all (and their children) at ``timeout`` s or when one fails."""
     deadline = time.monotonic() + timeout
     try:
@@ -120,8 +139,16 @@ def wait_all(processes: list[subprocess.Popen], timeout: float, log: Path,
 
 def run_python(args: list[str], timeout: float, env: dict[str, str] | None = None) -> str:
     """Run ``python ARGS`` to completion and return its stdout."""
-    completed = subprocess.run([sys.executable, *args], cwd=REPO, env=env or job_environment(), timeout=timeout,
-                               capture_output=True, text=True, stdin=subprocess.DEVNULL, check=False)
+    completed = subprocess.run(
+        [sys.executable, *args],
+        cwd=REPO,
+        env=env or job_environment(),
+        timeout=timeout,
+        capture_output=True,
+        text=True,
+        stdin=subprocess.DEVNULL,
+        check=False,
+    )
     if completed.returncode != 0:
         raise RuntimeError(f"python {' '.join(args)} failed:\n{completed.stderr[-4000:]}")
     return completed.stdout

@@ -23,8 +23,11 @@ from pathlib import Path
 from benchmarks.common import REPO
 
 RESULTS = REPO / "benchmarks" / "results"
-BLOCK = re.compile(r"<!-- generated from (?P<source>\S+): python -m benchmarks\.docs -->\n"
-                   r"(?P<body>.*?)<!-- end of generated block -->", re.DOTALL)
+BLOCK = re.compile(
+    r"<!-- generated from (?P<source>\S+): python -m benchmarks\.docs -->\n"
+    r"(?P<body>.*?)<!-- end of generated block -->",
+    re.DOTALL,
+)
 # Pages that report measurements: their prose may describe results, but every figure lives in a generated block.
 MEASURING_PAGES = ("README.md", "docs/benchmarks.md", "docs/mpi.md")
 FIGURE = re.compile(r"(?<![\w.])\d+(?:\.\d+)?(?:\s?(?:µs|us|ms|GB/s|MB/s|MiB/s|GiB/s)|x)(?![\w/])")
@@ -96,8 +99,13 @@ def render(source: str, page: Path) -> str:
 def rewritten(page: Path) -> str:
     """The page with every generated block rendered afresh."""
     text = page.read_text(encoding="utf-8")
-    return BLOCK.sub(lambda block: f"<!-- generated from {block.group('source')}: python -m benchmarks.docs -->\n"
-                                   f"{render(block.group('source'), page)}<!-- end of generated block -->", text)
+    return BLOCK.sub(
+        lambda block: (
+            f"<!-- generated from {block.group('source')}: python -m benchmarks.docs -->\n"
+            f"{render(block.group('source'), page)}<!-- end of generated block -->"
+        ),
+        text,
+    )
 
 
 def figures_in_prose(text: str) -> list[str]:
@@ -117,14 +125,17 @@ def problems() -> list[str]:
         if rewritten(page) != page.read_text(encoding="utf-8"):
             found.append(f"{name}: a generated block differs from its results file (run: python -m benchmarks.docs)")
         if name in MEASURING_PAGES:
-            found += [f"{name}: the prose states {figure!r}; put it in a generated block" for figure in
-                      figures_in_prose(page.read_text(encoding="utf-8"))]
+            found += [
+                f"{name}: the prose states {figure!r}; put it in a generated block"
+                for figure in figures_in_prose(page.read_text(encoding="utf-8"))
+            ]
     return found
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.docs", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks.docs", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--check", action="store_true", help="change nothing; exit 1 listing what disagrees")
     if parser.parse_args(argv).check:
         found = problems()

@@ -9,5 +9,11 @@ import pytorch_lightning  # noqa: E402,F401  (imported first: the time we report
 lightning_done = time.perf_counter()
 import lightning_dist_hooks  # noqa: E402,F401
 
-print(json.dumps({"pytorch_lightning_s": lightning_done - started,
-                  "lightning_dist_hooks_s": time.perf_counter() - lightning_done}))
+print(
+    json.dumps(
+        {
+            "pytorch_lightning_s": lightning_done - started,
+            "lightning_dist_hooks_s": time.perf_counter() - lightning_done,
+        }
+    )
+)

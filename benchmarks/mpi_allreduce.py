@@ -61,12 +61,19 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--ddp-steps", type=int, default=5, help="timed DDP steps per implementation and round")
     parser.add_argument("--ddp-hidden", type=int, default=640, help="MLP width (4 layers: ~5 MB of float32 params)")
     parser.add_argument("--ddp-batch", type=int, default=64, help="DDP batch size per rank")
-    parser.add_argument("--sizes", type=lambda text: [int(kib) << 10 for kib in text.split(",")],
-                        help="allreduce sizes in KiB, comma-separated (default: 4 KiB to 64 MiB)")
+    parser.add_argument(
+        "--sizes",
+        type=lambda text: [int(kib) << 10 for kib in text.split(",")],
+        help="allreduce sizes in KiB, comma-separated (default: 4 KiB to 64 MiB)",
+    )
     parser.add_argument("--json", type=Path, help="also write the results here (rank 0)")
-    parser.add_argument("--background-load", type=int, default=0, metavar="N",
-                        help="rank 0 runs N busy-looping Python processes for the whole measurement (a loaded "
-                             "machine, reproducibly)")
+    parser.add_argument(
+        "--background-load",
+        type=int,
+        default=0,
+        metavar="N",
+        help="rank 0 runs N busy-looping Python processes for the whole measurement (a loaded machine, reproducibly)",
+    )
     return parser.parse_args()
 
 
@@ -344,8 +351,10 @@ def report_routes(results: list[dict]) -> None:
 
 
 def report_backward_tail(tail: dict) -> None:
-    print("\nDDP backward's wait after its last bucket was ready (communication not overlapped with backward; "
-          f"default all-reduce hook in Python, {tail['steps']} steps each): median [IQR]")
+    print(
+        "\nDDP backward's wait after its last bucket was ready (communication not overlapped with backward; "
+        f"default all-reduce hook in Python, {tail['steps']} steps each): median [IQR]"
+    )
     for name, seconds in tail["median_seconds"].items():
         print(f"{name:>16}: {_time_with_iqr(seconds, tail['iqr_seconds'][name])}")
 

@@ -70,8 +70,10 @@ def main() -> None:
         print(f"| size | {bench.OURS} | {GENERAL} | {NO_WRAPPER} | {RAW} | ours/general | ours/raw |")
         print("|---:|---:|---:|---:|---:|---:|---:|")
         for nbytes, row in rows:
-            times = [bench._time_with_iqr(row["median_seconds"][name], row["iqr_seconds"][name]) for name in
-                     (bench.OURS, GENERAL, NO_WRAPPER, RAW)]
+            times = [
+                bench._time_with_iqr(row["median_seconds"][name], row["iqr_seconds"][name])
+                for name in (bench.OURS, GENERAL, NO_WRAPPER, RAW)
+            ]
             ratios = [bench._ratio_with_iqr(row, name) for name in (GENERAL, RAW)]
             print(f"| {bench.format_size(nbytes)} | {' | '.join(times)} | {' | '.join(ratios)} |")
     dist.destroy_process_group()

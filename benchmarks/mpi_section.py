@@ -32,8 +32,24 @@ def run(quick: bool, workdir: Path) -> dict:
     out = workdir / "mpi_allreduce.json"
     root = ["--allow-run-as-root"] if os.geteuid() == 0 else []
     # Loopback and shared memory only: no other network interface is touched.
-    command = ["mpirun", *root, "--oversubscribe", "--mca", "oob_tcp_if_include", "lo", "--mca", "btl", "self,vader",
-               "-n", "2", sys.executable, str(SCRIPT), "--json", str(out), *(["--quick"] if quick else [])]
+    command = [
+        "mpirun",
+        *root,
+        "--oversubscribe",
+        "--mca",
+        "oob_tcp_if_include",
+        "lo",
+        "--mca",
+        "btl",
+        "self,vader",
+        "-n",
+        "2",
+        sys.executable,
+        str(SCRIPT),
+        "--json",
+        str(out),
+        *(["--quick"] if quick else []),
+    ]
     log = workdir / "mpi_allreduce.log"
     # Its own session, so that a timeout kills the ranks too, not only mpirun.
     wait_all([start(command, job_environment(), log)], timeout=300 if quick else 900, log=log)

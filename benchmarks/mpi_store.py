@@ -51,8 +51,13 @@ from benchmarks.common import REPO, free_ports, job_environment, machine, packag
 
 METHODS = ["mpi://", "env://", "file://", "dir://"]
 BEFORE = "mpi:// before"
-STORES = {"mpi://": "MpiStore", "env://": "TCPStore", "file://": "FileStore", "dir://": "DirectoryStore",
-          BEFORE: "MpiStore before"}
+STORES = {
+    "mpi://": "MpiStore",
+    "env://": "TCPStore",
+    "file://": "FileStore",
+    "dir://": "DirectoryStore",
+    BEFORE: "MpiStore before",
+}
 OPERATIONS = ["set", "get", "add", "compare_set", "wait", "check"]
 RESULTS = REPO / "benchmarks" / "results" / "mpi_store.json"
 STORE_TIMEOUT = timedelta(minutes=5)
@@ -85,8 +90,9 @@ def _mpi_package():
 
 def _private_mib() -> float:
     with open("/proc/self/smaps_rollup") as rollup:
-        return sum(int(line.split()[1]) for line in rollup
-                   if line.startswith(("Private_Clean", "Private_Dirty"))) / 1024
+        return (
+            sum(int(line.split()[1]) for line in rollup if line.startswith(("Private_Clean", "Private_Dirty"))) / 1024
+        )
 
 
 def _thread_cpu_s(native_id: int) -> float:
@@ -183,8 +189,9 @@ class _Rank:
             dist.init_process_group("gloo", store=store, rank=self.rank, world_size=self.size, timeout=STORE_TIMEOUT)
         else:
             init_method = {"env://": "env://", "file://": f"file://{target}"}.get(method, "mpi://")
-            dist.init_process_group("gloo", init_method=init_method, rank=self.rank, world_size=self.size,
-                                    timeout=STORE_TIMEOUT)
+            dist.init_process_group(
+                "gloo", init_method=init_method, rank=self.rank, world_size=self.size, timeout=STORE_TIMEOUT
+            )
         initialised = time.monotonic()
         dist.barrier()
         finished = time.monotonic()
@@ -200,11 +207,14 @@ class _Rank:
         if self.rank != 0:
             return None
         seconds = [each[1] for each in times]
-        trial = {"max_s": max(seconds), "median_s": statistics.median(seconds),
-                 "init_max_s": max(each[0] for each in times), "cpu_s": sum(each[2] for each in times)}
+        trial = {
+            "max_s": max(seconds),
+            "median_s": statistics.median(seconds),
+            "init_max_s": max(each[0] for each in times),
+            "cpu_s": sum(each[2] for each in times),
+        }
         if method in ("mpi://", BEFORE):
-            trial.update(rendezvous_max_s=max(each[4] for each in times),
-                         service_cpu_s=sum(each[3] for each in times))
+            trial.update(rendezvous_max_s=max(each[4] for each in times), service_cpu_s=sum(each[3] for each in times))
         return trial
 
     # --- 2. single operations ---
@@ -295,9 +305,12 @@ def _rank_job(spec_path: Path) -> None:
                     result["first"][method] = trial
                 else:
                     result["trials"][method].append(trial)
-                print(f"{node.size:4} ranks, {'first' if repetition == 0 else f'rep {repetition}':6} {method:14} "
-                      f"{trial['max_s']:7.3f} s (median rank {trial['median_s']:.3f}, init_process_group "
-                      f"{trial['init_max_s']:.3f}, CPU of all ranks {trial['cpu_s']:.2f})", flush=True)
+                print(
+                    f"{node.size:4} ranks, {'first' if repetition == 0 else f'rep {repetition}':6} {method:14} "
+                    f"{trial['max_s']:7.3f} s (median rank {trial['median_s']:.3f}, init_process_group "
+                    f"{trial['init_max_s']:.3f}, CPU of all ranks {trial['cpu_s']:.2f})",
+                    flush=True,
+                )
     # Measured before the operations phase, whose samples rank 0 gathers: what a job of trials alone takes per rank.
     result["rank_private_mib"] = node.gathered(_private_mib())
     if spec["ops"]:
@@ -331,8 +344,10 @@ def _operations_phase(node: _Rank, spec: dict, scratch: str, methods: list[str])
     node.barrier()
     if node.rank != 0:
         return {}
-    return {name: {operation: _quartiles_us(seconds) for operation, seconds in by_operation.items()}
-            for name, by_operation in samples.items()}
+    return {
+        name: {operation: _quartiles_us(seconds) for operation, seconds in by_operation.items()}
+        for name, by_operation in samples.items()
+    }
 
 
 def _quartiles_us(seconds: list[float]) -> dict[str, float]:
@@ -346,8 +361,25 @@ def _quartiles_us(seconds: list[float]) -> dict[str, float]:
 def mpirun_command(world_size: int) -> list[str]:
     """Open MPI's ``mpirun`` on loopback and shared memory only (``--allow-run-as-root`` when root)."""
     root = ["--allow-run-as-root"] if os.geteuid() == 0 else []
-    return ["mpirun", *root, "--oversubscribe", "--mca", "oob_tcp_if_include", "lo", "--mca", "btl", "self,vader",
-            "-x", "GLOO_SOCKET_IFNAME=lo", "-x", "PYTHONPATH", "-x", "OMP_NUM_THREADS", "-n", str(world_size)]
+    return [
+        "mpirun",
+        *root,
+        "--oversubscribe",
+        "--mca",
+        "oob_tcp_if_include",
+        "lo",
+        "--mca",
+        "btl",
+        "self,vader",
+        "-x",
+        "GLOO_SOCKET_IFNAME=lo",
+        "-x",
+        "PYTHONPATH",
+        "-x",
+        "OMP_NUM_THREADS",
+        "-n",
+        str(world_size),
+    ]
 
 
 def _memory_available_mib() -> float:
@@ -387,7 +419,9 @@ def summarise(jobs: dict[int, dict]) -> dict:
             row[method] = {key: statistics.median(trial[key] for trial in trials) for key in trials[0]}
             row[method]["max_s_each"] = [trial["max_s"] for trial in trials]
             row[method]["first_max_s"] = job["first"][method]["max_s"]
-        row["mpi_over"] = {method: row["mpi://"]["max_s"] / row[method]["max_s"] for method in row if method != "mpi://"}
+        row["mpi_over"] = {
+            method: row["mpi://"]["max_s"] / row[method]["max_s"] for method in row if method != "mpi://"
+        }
         barrier[str(size)] = row
     operations = {}
     for size, job in jobs.items():
@@ -395,16 +429,21 @@ def summarise(jobs: dict[int, dict]) -> dict:
             by_store = job["operations"]
             operations[str(size)] = {
                 "us": by_store,
-                "mpi_over": {store: {op: by_store["MpiStore"][op]["median"] / by_store[store][op]["median"]
-                                     for op in OPERATIONS} for store in by_store if store != "MpiStore"},
+                "mpi_over": {
+                    store: {op: by_store["MpiStore"][op]["median"] / by_store[store][op]["median"] for op in OPERATIONS}
+                    for store in by_store
+                    if store != "MpiStore"
+                },
             }
     return {"first_barrier": barrier, "operations": operations}
 
 
 def report_lines(results: dict) -> list[str]:
     """What the run prints at its end (and ``mpi_store.txt`` keeps)."""
-    lines = [f"{results['command']} ({results['date']}, {results['seconds']:.0f} s; {results['mpi_library']})",
-             "Time to a first barrier, slowest rank, median over the repetitions (s); mpi:// ÷ each other method:"]
+    lines = [
+        f"{results['command']} ({results['date']}, {results['seconds']:.0f} s; {results['mpi_library']})",
+        "Time to a first barrier, slowest rank, median over the repetitions (s); mpi:// ÷ each other method:",
+    ]
     for size, row in results["summary"]["first_barrier"].items():
         methods = [method for method in row if method != "mpi_over"]
         cells = "  ".join(f"{method} {row[method]['max_s']:6.3f}" for method in methods)
@@ -427,10 +466,12 @@ def _rows(results: dict) -> list[tuple[int, dict]]:
 
 def _header(results: dict) -> str:
     machine = results["machine"]
-    return (f"`{results['command']}`, {results['date']}: {machine['cpus']} CPUs ({machine['cpu_model']}), "
-            f"{machine['memory_gib']:.0f} GiB, load {machine['load_before'][0]:.1f} before and "
-            f"{machine['load_after'][0]:.1f} after; Python {machine['python']}, torch {machine['torch']}, "
-            f"{results['mpi_library'].split(',')[0]}")
+    return (
+        f"`{results['command']}`, {results['date']}: {machine['cpus']} CPUs ({machine['cpu_model']}), "
+        f"{machine['memory_gib']:.0f} GiB, load {machine['load_before'][0]:.1f} before and "
+        f"{machine['load_after'][0]:.1f} after; Python {machine['python']}, torch {machine['torch']}, "
+        f"{results['mpi_library'].split(',')[0]}"
+    )
 
 
 def _seconds(value: float) -> str:
@@ -449,8 +490,10 @@ def _listed(sizes: list[int]) -> str:
 def summary(results: dict) -> str:
     """The README's lines: seconds to a first barrier through each store, and mpi:// against TCPStore."""
     lines = [
-        (f"Seconds to a first barrier under `mpirun`, gloo on loopback, slowest rank, median of "
-         f"{results['repetitions']} ({_header(results)}):"),
+        (
+            f"Seconds to a first barrier under `mpirun`, gloo on loopback, slowest rank, median of "
+            f"{results['repetitions']} ({_header(results)}):"
+        ),
         "",
         "| world size | mpi:// | env:// (TCPStore) | file:// | dir:// | mpi:// ÷ env:// |",
         "|---:|---:|---:|---:|---:|---:|",
@@ -472,9 +515,11 @@ def _verdict(results: dict) -> str:
 
 def _barrier_table(results: dict, methods: list[str]) -> list[str]:
     lines = [
-        (f"**The mpi:// store** ({_header(results)}). One `mpirun` job per world size, gloo on loopback; seconds "
-         f"from a common start until the slowest rank has passed its first barrier, median of "
-         f"{results['repetitions']} alternating repetitions (after one unmeasured round, *first*):"),
+        (
+            f"**The mpi:// store** ({_header(results)}). One `mpirun` job per world size, gloo on loopback; seconds "
+            f"from a common start until the slowest rank has passed its first barrier, median of "
+            f"{results['repetitions']} alternating repetitions (after one unmeasured round, *first*):"
+        ),
         "",
         "| world size | " + " | ".join(methods) + " | mpi:// ÷ env:// | mpi:// ÷ file:// | mpi:// ÷ dir:// "
         "| first round: mpi:// / env:// |",
@@ -491,22 +536,28 @@ def _barrier_table(results: dict, methods: list[str]) -> list[str]:
 def _time_table(results: dict, before: bool) -> list[str]:
     """Where mpi://'s time goes: the store's creation, and the CPU time the ranks used against what there was."""
     lines = [
-        ("Where mpi://'s time goes (medians over the repetitions): `MpiStore.create` (every rank arrives, then the "
-         "store's own communicator) on the slowest rank, and the rest of the trial; the CPU time all ranks used "
-         "during the trial, against the CPU time the machine had in it (CPUs × trial); the share of the ranks' CPU "
-         "time in the store's service threads; the other methods' CPU time:"),
+        (
+            "Where mpi://'s time goes (medians over the repetitions): `MpiStore.create` (every rank arrives, then the "
+            "store's own communicator) on the slowest rank, and the rest of the trial; the CPU time all ranks used "
+            "during the trial, against the CPU time the machine had in it (CPUs × trial); the share of the ranks' CPU "
+            "time in the store's service threads; the other methods' CPU time:"
+        ),
         "",
         "| world size | create | rest of the trial | CPU time of all ranks (s) | CPUs × trial (s) | in service threads "
-        "| CPU time of all ranks: env:// / file:// / dir:// (s) |"
-        + (" create, mpi:// before |" if before else ""),
+        "| CPU time of all ranks: env:// / file:// / dir:// (s) |" + (" create, mpi:// before |" if before else ""),
         "|---:|---:|---:|---:|---:|---:|---:|" + ("---:|" if before else ""),
     ]
     cpus = results["machine"]["cpus"]
     for size, row in _rows(results):
         ours = row["mpi://"]
-        cells = [_seconds(ours["rendezvous_max_s"]), _seconds(ours["max_s"] - ours["rendezvous_max_s"]),
-                 f"{ours['cpu_s']:.2f}", f"{cpus * ours['max_s']:.2f}", f"{ours['service_cpu_s'] / ours['cpu_s']:.0%}",
-                 " / ".join(f"{row[method]['cpu_s']:.2f}" for method in METHODS[1:])]
+        cells = [
+            _seconds(ours["rendezvous_max_s"]),
+            _seconds(ours["max_s"] - ours["rendezvous_max_s"]),
+            f"{ours['cpu_s']:.2f}",
+            f"{cpus * ours['max_s']:.2f}",
+            f"{ours['service_cpu_s'] / ours['cpu_s']:.0%}",
+            " / ".join(f"{row[method]['cpu_s']:.2f}" for method in METHODS[1:]),
+        ]
         if before:
             cells.append(_seconds(row[BEFORE]["rendezvous_max_s"]))
         lines.append(f"| {size} | " + " | ".join(cells) + " |")
@@ -518,9 +569,11 @@ def _operations_table(results: dict) -> list[str]:
     sizes = sorted(operations, key=int)
     stores = list(operations[sizes[0]]["us"])
     lines = [
-        (f"**Single store operations**: all ranks at once, each making {results['ops_per_round']} calls of each "
-         f"operation in each of {results['op_rounds']} rounds (the stores alternating), on keys that MpiStore keeps "
-         "on another rank; median µs per call over every call of every rank:"),
+        (
+            f"**Single store operations**: all ranks at once, each making {results['ops_per_round']} calls of each "
+            f"operation in each of {results['op_rounds']} rounds (the stores alternating), on keys that MpiStore keeps "
+            "on another rank; median µs per call over every call of every rank:"
+        ),
         "",
         "| ranks | operation | " + " | ".join(stores) + " | MpiStore ÷ TCPStore | MpiStore ÷ FileStore "
         "| MpiStore ÷ DirectoryStore |",
@@ -541,9 +594,14 @@ def markdown(results: dict) -> str:
     lines = _barrier_table(results, METHODS + ([BEFORE] if before else []))
     lines += ["", *_time_table(results, before)]
     if before:
-        lines += ["", ("*mpi:// before*, *MpiStore before*: the store as it was before issue 35 (no extended API: "
-                  "gloo gets its peers' addresses one key at a time; poll pauses that ignore the ranks per core), "
-                  "in the same jobs.")]
+        lines += [
+            "",
+            (
+                "*mpi:// before*, *MpiStore before*: the store as it was before issue 35 (no extended API: "
+                "gloo gets its peers' addresses one key at a time; poll pauses that ignore the ranks per core), "
+                "in the same jobs."
+            ),
+        ]
     if results["summary"]["operations"]:
         lines += ["", *_operations_table(results)]
     if results["skipped"]:
@@ -557,8 +615,9 @@ def markdown(results: dict) -> str:
 def main(argv: list[str] | None = None) -> None:
     """``python -m benchmarks.mpi_store [--world-sizes 2,8,32,128] [--repetitions 5] [--op-world-sizes 2,8,32]
     [--ops 100] [--op-rounds 5] [--before-after] [--out FILE]``."""
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.mpi_store", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks.mpi_store", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--world-sizes", default="2,8,32,128")
     parser.add_argument("--repetitions", type=int, default=5, help="measured trials of each method per size")
     parser.add_argument("--op-world-sizes", default="2,8,32", help="the sizes that also time single store operations")
@@ -585,20 +644,34 @@ def main(argv: list[str] | None = None) -> None:
         for size in (int(size) for size in args.world_sizes.split(",")):
             available = _memory_available_mib()
             if rank_mib * size > MEMORY_MARGIN * available:
-                skipped[str(size)] = (f"would take about {rank_mib * size:.0f} MiB, more than {MEMORY_MARGIN:.0%} of "
-                                      f"the {available:.0f} MiB available")
+                skipped[str(size)] = (
+                    f"would take about {rank_mib * size:.0f} MiB, more than {MEMORY_MARGIN:.0%} of "
+                    f"the {available:.0f} MiB available"
+                )
                 print(f"{size} ranks {skipped[str(size)]}", flush=True)
                 continue
-            spec = {"repetitions": args.repetitions, "ops": args.ops if size in op_sizes else 0,
-                    "op_rounds": args.op_rounds, "before_after": args.before_after}
+            spec = {
+                "repetitions": args.repetitions,
+                "ops": args.ops if size in op_sizes else 0,
+                "op_rounds": args.op_rounds,
+                "before_after": args.before_after,
+            }
             jobs[size] = run_job(size, spec, workdir, workdir / "ranks.log")
             rank_mib = max(rank_mib, max(jobs[size]["rank_private_mib"]) * 1.02)
     described["load_after"] = os.getloadavg()
-    results = {"command": " ".join(["python -m benchmarks.mpi_store", *(argv if argv is not None else sys.argv[1:])]),
-               "date": time.strftime("%Y-%m-%d %H:%M %Z"), "seconds": time.monotonic() - started,
-               "machine": described, "mpi_library": _mpi_library_version(), "repetitions": args.repetitions,
-               "ops_per_round": args.ops, "op_rounds": args.op_rounds, "skipped": skipped,
-               "jobs": {str(size): job for size, job in jobs.items()}, "summary": summarise(jobs)}
+    results = {
+        "command": " ".join(["python -m benchmarks.mpi_store", *(argv if argv is not None else sys.argv[1:])]),
+        "date": time.strftime("%Y-%m-%d %H:%M %Z"),
+        "seconds": time.monotonic() - started,
+        "machine": described,
+        "mpi_library": _mpi_library_version(),
+        "repetitions": args.repetitions,
+        "ops_per_round": args.ops,
+        "op_rounds": args.op_rounds,
+        "skipped": skipped,
+        "jobs": {str(size): job for size, job in jobs.items()},
+        "summary": summarise(jobs),
+    }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(results, indent=2))
     lines = report_lines(results)
@@ -611,8 +684,10 @@ def _mpi_library_version() -> str:
     from benchmarks.common import run_python
 
     try:
-        return run_python(["-c", ("from mpi4py import MPI; print(MPI.Get_library_version().replace(chr(0), '')"
-                                 ".splitlines()[0])")], timeout=60).strip()
+        return run_python(
+            ["-c", ("from mpi4py import MPI; print(MPI.Get_library_version().replace(chr(0), '').splitlines()[0])")],
+            timeout=60,
+        ).strip()
     except RuntimeError as error:
         return f"MPI library unknown ({str(error).splitlines()[0]})"
 

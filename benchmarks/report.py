@@ -48,10 +48,12 @@ def markdown(results: dict, image_dir: str = "") -> str:
     ]
     for variant in VARIANTS:
         row = step["variants"][variant]
-        lines.append(f"| {LABELS[variant]} | {row['step_ms']['median']:.2f} | "
-                     f"{row['step_ms']['q1']:.2f}–{row['step_ms']['q3']:.2f} | "
-                     f"{_ratio(row['ratio_to_lightning'], variant == BASELINE)} | "
-                     f"{_ratio(row['ratio_to_raw'], variant == FLOOR)} |")
+        lines.append(
+            f"| {LABELS[variant]} | {row['step_ms']['median']:.2f} | "
+            f"{row['step_ms']['q1']:.2f}–{row['step_ms']['q3']:.2f} | "
+            f"{_ratio(row['ratio_to_lightning'], variant == BASELINE)} | "
+            f"{_ratio(row['ratio_to_raw'], variant == FLOOR)} |"
+        )
     imports, launch = startup["import_ms"], startup["launch_to_first_step_s"]
     lines += [
         "",
@@ -108,24 +110,39 @@ def _mpi_markdown(mpi: dict) -> str:
     if "skipped" in mpi:
         return f"**MPI**: skipped ({mpi['skipped']})."
     step = mpi["ddp_step"]["median_seconds"]
-    lines = [(f"**MPI** (`benchmarks/mpi_allreduce.py`, 2 ranks under mpirun; median seconds): DDP step "
-              f"{step['mpi4py backend'] * 1e3:.2f} ms with the mpi4py backend, {step['gloo'] * 1e3:.2f} ms with gloo."),
-             "", "| allreduce size | mpi4py backend | gloo | speed vs gloo |", "|---:|---:|---:|---:|"]
+    lines = [
+        (
+            f"**MPI** (`benchmarks/mpi_allreduce.py`, 2 ranks under mpirun; median seconds): DDP step "
+            f"{step['mpi4py backend'] * 1e3:.2f} ms with the mpi4py backend, {step['gloo'] * 1e3:.2f} ms with gloo."
+        ),
+        "",
+        "| allreduce size | mpi4py backend | gloo | speed vs gloo |",
+        "|---:|---:|---:|---:|",
+    ]
     for row in mpi["allreduce"]:
         seconds = row["median_seconds"]
-        lines.append(f"| {row['bytes'] >> 10} KiB | {seconds['mpi4py backend'] * 1e6:.0f} µs | "
-                     f"{seconds['gloo'] * 1e6:.0f} µs | {row['ours_speed_relative_to']['gloo']:.2f}x |")
+        lines.append(
+            f"| {row['bytes'] >> 10} KiB | {seconds['mpi4py backend'] * 1e6:.0f} µs | "
+            f"{seconds['gloo'] * 1e6:.0f} µs | {row['ours_speed_relative_to']['gloo']:.2f}x |"
+        )
     tail = mpi["ddp_backward_tail"]["median_seconds"]
-    lines += ["", ("DDP backward's wait for outstanding buckets after the last one was ready: "
-                   f"{tail['mpi4py backend'] * 1e3:.2f} ms with the mpi4py backend, "
-                   f"{tail['gloo'] * 1e3:.2f} ms with gloo."),
-              "", "| allreduce size | blocking | async_op, wait() | async_op, future (DDP's route) | future/blocking |",
-              "|---:|---:|---:|---:|---:|"]
+    lines += [
+        "",
+        (
+            "DDP backward's wait for outstanding buckets after the last one was ready: "
+            f"{tail['mpi4py backend'] * 1e3:.2f} ms with the mpi4py backend, "
+            f"{tail['gloo'] * 1e3:.2f} ms with gloo."
+        ),
+        "",
+        "| allreduce size | blocking | async_op, wait() | async_op, future (DDP's route) | future/blocking |",
+        "|---:|---:|---:|---:|---:|",
+    ]
     for row in mpi["completion_routes"]:
         seconds = [row["median_seconds"][route] * 1e6 for route in row["median_seconds"]]
         future_ratio = row["time_relative_to_blocking"]["async_op, future (DDP's route)"]
-        lines.append(f"| {row['bytes'] >> 10} KiB | {' | '.join(f'{value:.0f} µs' for value in seconds)} | "
-                     f"{future_ratio:.2f}x |")
+        lines.append(
+            f"| {row['bytes'] >> 10} KiB | {' | '.join(f'{value:.0f} µs' for value in seconds)} | {future_ratio:.2f}x |"
+        )
     return "\n".join(lines)
 
 
@@ -141,12 +158,20 @@ def _plot_steps(step: dict, path: Path) -> None:
     figure, (times, ratios) = plt.subplots(1, 2, figsize=(12, 3.8), sharey=True)
     labels = [LABELS[variant] for variant in VARIANTS]
     rows = [step["variants"][variant]["step_ms"] for variant in VARIANTS]
-    times.barh(labels, [row["median"] for row in rows], color="tab:blue", capsize=4,
-               xerr=[[row["median"] - row["q1"] for row in rows], [row["q3"] - row["median"] for row in rows]])
+    times.barh(
+        labels,
+        [row["median"] for row in rows],
+        color="tab:blue",
+        capsize=4,
+        xerr=[[row["median"] - row["q1"] for row in rows], [row["q3"] - row["median"] for row in rows]],
+    )
     times.set_xlabel("median step time (ms), bars: IQR over rounds")
     times.set_title(f"Step time, 2 ranks, gloo ({step['rounds']} rounds × {step['timed_steps']} steps)")
-    ratios.boxplot([step["variants"][variant]["ratio_to_lightning"]["per_round"] for variant in VARIANTS],
-                   vert=False, positions=range(len(VARIANTS)))
+    ratios.boxplot(
+        [step["variants"][variant]["ratio_to_lightning"]["per_round"] for variant in VARIANTS],
+        vert=False,
+        positions=range(len(VARIANTS)),
+    )
     times.set_yticks(range(len(labels)), labels)  # again: the boxplot (shared y axis) replaced them with numbers
     times.invert_yaxis()
     ratios.axvline(1.0, color="tab:gray", linestyle="--")
@@ -158,16 +183,22 @@ def _plot_steps(step: dict, path: Path) -> None:
 def _plot_startup(startup: dict, path: Path) -> None:
     figure, (left, right) = plt.subplots(1, 2, figsize=(9, 3.5))
     launches = [startup["launch_to_first_step_s"][trainer] for trainer in ("pytorch_lightning", "ours")]
-    bars = left.bar(["pytorch_lightning", "lightning_dist_hooks"], [s["median"] for s in launches],
-                    yerr=[[s["median"] - s["q1"] for s in launches], [s["q3"] - s["median"] for s in launches]],
-                    color=["tab:gray", "tab:blue"], capsize=4)
+    bars = left.bar(
+        ["pytorch_lightning", "lightning_dist_hooks"],
+        [s["median"] for s in launches],
+        yerr=[[s["median"] - s["q1"] for s in launches], [s["q3"] - s["median"] for s in launches]],
+        color=["tab:gray", "tab:blue"],
+        capsize=4,
+    )
     left.bar_label(bars, fmt="%.1f s", label_type="center")
     left.set_ylabel("launch to first step (s)")
     left.set_title("2-rank ddp fit, median and IQR")
     imports = startup["import_ms"]
-    bars = right.bar(["pytorch_lightning", "lightning_dist_hooks\n(added on top)"],
-                     [imports["pytorch_lightning"]["median"], imports["lightning_dist_hooks"]["median"]],
-                     color=["tab:gray", "tab:blue"])
+    bars = right.bar(
+        ["pytorch_lightning", "lightning_dist_hooks\n(added on top)"],
+        [imports["pytorch_lightning"]["median"], imports["lightning_dist_hooks"]["median"]],
+        color=["tab:gray", "tab:blue"],
+    )
     right.bar_label(bars, fmt="%.0f ms")  # ours is too small to see as a bar
     right.margins(y=0.15)
     right.set_ylabel("import time (ms), median")
@@ -179,10 +210,17 @@ def _plot_bootstrap(boot: dict, path: Path) -> None:
     figure, axes = plt.subplots(figsize=(7, 4))
     for method, by_size in boot["latency_ms"].items():
         sizes = [int(size) for size in by_size]
-        axes.errorbar(sizes, [by_size[str(s)]["median"] for s in sizes],
-                      yerr=[[by_size[str(s)]["median"] - by_size[str(s)]["q1"] for s in sizes],
-                            [by_size[str(s)]["q3"] - by_size[str(s)]["median"] for s in sizes]],
-                      marker="o", capsize=3, label=method)
+        axes.errorbar(
+            sizes,
+            [by_size[str(s)]["median"] for s in sizes],
+            yerr=[
+                [by_size[str(s)]["median"] - by_size[str(s)]["q1"] for s in sizes],
+                [by_size[str(s)]["q3"] - by_size[str(s)]["median"] for s in sizes],
+            ],
+            marker="o",
+            capsize=3,
+            label=method,
+        )
     axes.set_xscale("log", base=2)
     axes.set_yscale("log")
     axes.set_xticks(sizes, [str(size) for size in sizes])

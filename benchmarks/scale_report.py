@@ -75,8 +75,9 @@ def markdown(results: dict, image_dir: str = "") -> str:
     """The section's Markdown: seconds per store and world size, dir://'s operations per rank, memory, skips."""
     labels = _labels(results)
     machine = results["machine"]
-    repetitions = max(len(samples["seconds"]) for by_size in results["methods"].values()
-                      for samples in by_size.values())
+    repetitions = max(
+        len(samples["seconds"]) for by_size in results["methods"].values() for samples in by_size.values()
+    )
     lines = [
         (
             f"**Bootstrap at scale** (`{results['command']}`, {results['date']}): {machine['cpus']} CPUs "
@@ -108,12 +109,16 @@ def markdown(results: dict, image_dir: str = "") -> str:
         "",
         "| world size | `dir://` operations per rank: median (busiest) | per rank / N | `dir://` lazy "
         "| own memory per rank (MiB) | machine memory taken (MiB): "
-        + " / ".join(label for label in labels if not label.endswith("lazy")) + " |",
+        + " / ".join(label for label in labels if not label.endswith("lazy"))
+        + " |",
         "|---:|---:|---:|---:|---:|---:|",
     ]
     for size in _sizes(results):
-        cells = [_operations(results, "dir://", size, per_rank=False), _operations(results, "dir://", size),
-                 _operations(results, "dir:// lazy", size, per_rank=False)]
+        cells = [
+            _operations(results, "dir://", size, per_rank=False),
+            _operations(results, "dir://", size),
+            _operations(results, "dir:// lazy", size, per_rank=False),
+        ]
         own = _samples(results, "dir://", size)
         cells.append(f"{_median(own['private_mib']):.1f}" if own else "–")
         taken = [_samples(results, label, size) for label in labels if not label.endswith("lazy")]
@@ -134,13 +139,24 @@ def plot(results: dict, path: Path) -> None:
         sizes = sorted(int(size) for size, samples in by_size.items() if samples["seconds"])
         base = label.removesuffix(" lazy")
         color = {"env://": "tab:blue", "FileStore": "tab:orange", "dir://": "tab:green"}.get(base)
-        left.plot(sizes, [_median(by_size[str(size)]["seconds"]) for size in sizes], marker="o", color=color,
-                  linestyle="--" if label.endswith("lazy") else "-", label=label)
+        left.plot(
+            sizes,
+            [_median(by_size[str(size)]["seconds"]) for size in sizes],
+            marker="o",
+            color=color,
+            linestyle="--" if label.endswith("lazy") else "-",
+            label=label,
+        )
         with_operations = [size for size in sizes if by_size[str(size)]["operations"]]
         if with_operations:
-            right.plot(with_operations, [_median([each["median"] for each in by_size[str(size)]["operations"]])
-                                         for size in with_operations], marker="o", color=color,
-                       linestyle="--" if label.endswith("lazy") else "-", label=f"{label}, median rank")
+            right.plot(
+                with_operations,
+                [_median([each["median"] for each in by_size[str(size)]["operations"]]) for size in with_operations],
+                marker="o",
+                color=color,
+                linestyle="--" if label.endswith("lazy") else "-",
+                label=f"{label}, median rank",
+            )
     everything = _sizes(results)
     for axes in (left, right):
         axes.set_xscale("log", base=2)

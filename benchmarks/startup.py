@@ -30,8 +30,10 @@ def run(repetitions: int, workdir: Path, advance) -> dict:
     ratios = [ours / lightning for ours, lightning in zip(launches["ours"], launches["pytorch_lightning"], strict=True)]
     low, high = bootstrap_ci(ratios)
     return {
-        "import_ms": {name: in_ms(summary([probe[f"{name}_s"] for probe in imports]))
-                      for name in ("pytorch_lightning", "lightning_dist_hooks")},
+        "import_ms": {
+            name: in_ms(summary([probe[f"{name}_s"] for probe in imports]))
+            for name in ("pytorch_lightning", "lightning_dist_hooks")
+        },
         "launch_to_first_step_s": {trainer: summary(seconds) for trainer, seconds in launches.items()},
         "launch_ratio": {"median": statistics.median(ratios), "ci95": [low, high], "per_repetition": ratios},
     }

@@ -20,15 +20,23 @@ def task_count(rounds: int) -> int:
 def run(rounds: int, warmup: int, steps: int, workdir: Path, advance) -> dict:
     """Run ``rounds`` rounds of every variant (a new order each round) in one pair of rank processes."""
     ports = free_ports(task_count(rounds))
-    fits = [{"round": round_index, "variant": variant, "port": ports.pop(),
-             "file": str(workdir / f"rdzv-{round_index}")}
-            for round_index in range(rounds) for variant in shuffled(VARIANTS, seed=round_index)]
+    fits = [
+        {"round": round_index, "variant": variant, "port": ports.pop(), "file": str(workdir / f"rdzv-{round_index}")}
+        for round_index in range(rounds)
+        for variant in shuffled(VARIANTS, seed=round_index)
+    ]
     out = workdir / "step_overhead.jsonl"
     plan = workdir / "step_plan.json"
     plan.write_text(json.dumps({"warmup": warmup, "steps": steps, "fits": fits, "out": str(out)}))
     log = workdir / "step_overhead.log"
-    ranks = [start([sys.executable, "-m", "benchmarks.step_worker", "--plan", str(plan)],
-                   job_environment(LOCAL_RANK=str(rank), NODE_RANK="0", WORLD_SIZE="2"), log) for rank in range(2)]
+    ranks = [
+        start(
+            [sys.executable, "-m", "benchmarks.step_worker", "--plan", str(plan)],
+            job_environment(LOCAL_RANK=str(rank), NODE_RANK="0", WORLD_SIZE="2"),
+            log,
+        )
+        for rank in range(2)
+    ]
     done = 0
 
     def on_tick() -> None:

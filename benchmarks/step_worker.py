@@ -75,7 +75,7 @@ def main() -> None:
         seconds = run_raw_ddp(fit, batches, rank) if fit["variant"] == "raw_ddp" else run_lightning(fit, batches)
         dist.destroy_process_group()
         if rank == 0:
-            record = {**fit, "step_seconds": seconds[plan["warmup"]:]}
+            record = {**fit, "step_seconds": seconds[plan["warmup"] :]}
             with open(plan["out"], "a") as out:
                 out.write(json.dumps(record) + "\n")
 

@@ -16,8 +16,10 @@ SEED = 0
 def make_mlp() -> torch.nn.Module:
     torch.manual_seed(SEED)
     return torch.nn.Sequential(
-        torch.nn.Linear(FEATURES, HIDDEN), torch.nn.ReLU(),
-        torch.nn.Linear(HIDDEN, HIDDEN), torch.nn.ReLU(),
+        torch.nn.Linear(FEATURES, HIDDEN),
+        torch.nn.ReLU(),
+        torch.nn.Linear(HIDDEN, HIDDEN),
+        torch.nn.ReLU(),
         torch.nn.Linear(HIDDEN, CLASSES),
     )
 
@@ -25,15 +27,25 @@ def make_mlp() -> torch.nn.Module:
 def make_dataset(batches_per_rank: int, world_size: int) -> TensorDataset:
     generator = torch.Generator().manual_seed(SEED)
     samples = batches_per_rank * BATCH_SIZE * world_size
-    return TensorDataset(torch.randn(samples, FEATURES, generator=generator),
-                         torch.randint(0, CLASSES, (samples,), generator=generator))
+    return TensorDataset(
+        torch.randn(samples, FEATURES, generator=generator), torch.randint(0, CLASSES, (samples,), generator=generator)
+    )
 
 
 def trainer_kwargs(steps: int) -> dict:
     """Identical for pytorch_lightning.Trainer and ours: nothing that logs, checkpoints or prints per step."""
-    return {"accelerator": "cpu", "devices": 2, "strategy": "ddp", "max_steps": steps, "max_epochs": 1,
-            "logger": False, "enable_checkpointing": False, "enable_progress_bar": False,
-            "enable_model_summary": False, "num_sanity_val_steps": 0}
+    return {
+        "accelerator": "cpu",
+        "devices": 2,
+        "strategy": "ddp",
+        "max_steps": steps,
+        "max_epochs": 1,
+        "logger": False,
+        "enable_checkpointing": False,
+        "enable_progress_bar": False,
+        "enable_model_summary": False,
+        "num_sanity_val_steps": 0,
+    }
 
 
 class Classifier(pl.LightningModule):
@@ -57,8 +69,9 @@ class HookedClassifier(Classifier):
     """Both hooks overridden with what the defaults do, so only the cost of going through them differs."""
 
     def setup_distributed_backend(self, backend, init_method, rank, world_size, timeout):
-        torch.distributed.init_process_group(backend, init_method=init_method, rank=rank, world_size=world_size,
-                                             timeout=timeout)
+        torch.distributed.init_process_group(
+            backend, init_method=init_method, rank=rank, world_size=world_size, timeout=timeout
+        )
 
     def configure_sampler(self, dataloader, stage):
         return DistributedSampler(dataloader.dataset, shuffle=True, seed=SEED)

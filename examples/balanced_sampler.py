@@ -78,14 +78,25 @@ class Classifier(LightningModule):
         dist.all_reduce(counts)
         if self.global_rank == 0:
             share = counts[1].item() / counts.sum().item()
-            print(f"class counts over {self.trainer.world_size} ranks: {counts.tolist()} "
-                  f"(class 1 share {share:.2f}, 0.10 in the data)", flush=True)
+            print(
+                f"class counts over {self.trainer.world_size} ranks: {counts.tolist()} "
+                f"(class 1 share {share:.2f}, 0.10 in the data)",
+                flush=True,
+            )
 
 
 def main() -> None:
     pl.seed_everything(0)
-    trainer = Trainer(accelerator="cpu", devices=2, strategy="ddp", max_epochs=2, logger=False,
-                      enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
+    trainer = Trainer(
+        accelerator="cpu",
+        devices=2,
+        strategy="ddp",
+        max_epochs=2,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    )
     trainer.fit(Classifier())
 
 

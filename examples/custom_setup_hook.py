@@ -36,8 +36,10 @@ class SiteSpecificBootstrap(pl.LightningModule):
         dist.init_process_group(backend=backend, store=store, rank=rank, world_size=world_size, timeout=timeout)
         # Sub-groups can be made right here, after the default group exists.
         self.even_ranks = dist.new_group(ranks=list(range(0, world_size, 2)))
-        print(f"rank {rank}: built the {backend} group on a hand-made FileStore (given init_method={init_method})",
-              flush=True)
+        print(
+            f"rank {rank}: built the {backend} group on a hand-made FileStore (given init_method={init_method})",
+            flush=True,
+        )
 
     def training_step(self, batch, batch_idx):
         x, y = batch
@@ -60,8 +62,16 @@ class SiteSpecificBootstrap(pl.LightningModule):
 def main() -> None:
     # Ranks 1..N-1 are re-runs of this script with the parent's environment: share the store path through it.
     store_dir = os.environ.setdefault("EXAMPLE_STORE_DIR", tempfile.mkdtemp())
-    trainer = Trainer(accelerator="cpu", devices=2, strategy="ddp", max_epochs=1, logger=False,
-                      enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
+    trainer = Trainer(
+        accelerator="cpu",
+        devices=2,
+        strategy="ddp",
+        max_epochs=1,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    )
     trainer.fit(SiteSpecificBootstrap(os.path.join(store_dir, "store")))
 
 

@@ -22,8 +22,9 @@ from lightning_dist_hooks import Fabric  # lightning_dist_hooks.lightning.Fabric
 def setup_distributed_backend(backend, init_method, rank, world_size, timeout, device_id=None):
     """The LightningModule hook's signature; here it only says what it got, then does the default."""
     print(f"rank {rank}: init_process_group({backend!r}, {init_method!r}, world_size={world_size})", flush=True)
-    dist.init_process_group(backend, init_method=init_method, rank=rank, world_size=world_size, timeout=timeout,
-                            device_id=device_id)  # None on CPU; the rank's GPU with CUDA, as Lightning binds it
+    dist.init_process_group(
+        backend, init_method=init_method, rank=rank, world_size=world_size, timeout=timeout, device_id=device_id
+    )  # None on CPU; the rank's GPU with CUDA, as Lightning binds it
 
 
 class EveryNth(Sampler):
@@ -56,9 +57,12 @@ def train(fabric: Fabric) -> None:
     weights = fabric.all_gather(torch.cat([p.detach().flatten() for p in model.parameters()]))
     if fabric.global_rank == 0:
         same = all(torch.equal(weights[0], other) for other in weights[1:])
-        print(f"fabric ranks={fabric.world_size} backend={dist.get_backend()} "
-              f"init_method={fabric.torch_dist_init_method} samples_per_epoch={int(samples)} "
-              f"weights_equal_on_all_ranks={same}", flush=True)
+        print(
+            f"fabric ranks={fabric.world_size} backend={dist.get_backend()} "
+            f"init_method={fabric.torch_dist_init_method} samples_per_epoch={int(samples)} "
+            f"weights_equal_on_all_ranks={same}",
+            flush=True,
+        )
 
 
 def main() -> None:
@@ -66,9 +70,14 @@ def main() -> None:
     parser.add_argument("--rendezvous-dir", help="a directory every rank can reach (default: a new temp dir)")
     args = parser.parse_args()
     rendezvous_dir = args.rendezvous_dir or os.environ.setdefault("EXAMPLE_RENDEZVOUS_DIR", tempfile.mkdtemp())
-    fabric = Fabric(accelerator="cpu", devices=2, strategy="ddp", torch_dist_backend="gloo",
-                    torch_dist_init_method=f"file://{os.path.abspath(rendezvous_dir)}/",
-                    setup_distributed_backend=setup_distributed_backend)
+    fabric = Fabric(
+        accelerator="cpu",
+        devices=2,
+        strategy="ddp",
+        torch_dist_backend="gloo",
+        torch_dist_init_method=f"file://{os.path.abspath(rendezvous_dir)}/",
+        setup_distributed_backend=setup_distributed_backend,
+    )
     fabric.seed_everything(0)
     fabric.launch(train)
 

@@ -42,8 +42,11 @@ class Regression(pl.LightningModule):
         if self.global_rank == 0:
             trainer = self.trainer
             assert isinstance(trainer, Trainer)  # this project's Trainer, which adds torch_dist_init_method
-            print(f"cli ranks={self.trainer.world_size} backend={dist.get_backend()} "
-                  f"init_method={trainer.torch_dist_init_method}", flush=True)
+            print(
+                f"cli ranks={self.trainer.world_size} backend={dist.get_backend()} "
+                f"init_method={trainer.torch_dist_init_method}",
+                flush=True,
+            )
 
 
 if __name__ == "__main__":

@@ -45,8 +45,11 @@ class Regression(L.LightningModule):
             trainer = self.trainer
             assert isinstance(trainer, Trainer)  # this project's Trainer, which adds torch_dist_init_method
             same = all(torch.equal(gathered[0], other) for other in gathered[1:])
-            print(f"package=lightning ranks={self.trainer.world_size} backend={dist.get_backend()} "
-                  f"init_method={trainer.torch_dist_init_method} weights_equal_on_all_ranks={same}", flush=True)
+            print(
+                f"package=lightning ranks={self.trainer.world_size} backend={dist.get_backend()} "
+                f"init_method={trainer.torch_dist_init_method} weights_equal_on_all_ranks={same}",
+                flush=True,
+            )
 
 
 def main() -> None:
@@ -56,9 +59,18 @@ def main() -> None:
     # Lightning re-runs this script for rank 1 with the parent's environment: both ranks get the same directory.
     rendezvous_dir = args.rendezvous_dir or os.environ.setdefault("EXAMPLE_RENDEZVOUS_DIR", tempfile.mkdtemp())
     L.seed_everything(0)
-    trainer = Trainer(accelerator="cpu", devices=2, strategy="ddp", max_epochs=2, logger=False,
-                      enable_checkpointing=False, enable_model_summary=False, enable_progress_bar=False,
-                      torch_dist_backend="gloo", torch_dist_init_method=f"file://{os.path.abspath(rendezvous_dir)}/")
+    trainer = Trainer(
+        accelerator="cpu",
+        devices=2,
+        strategy="ddp",
+        max_epochs=2,
+        logger=False,
+        enable_checkpointing=False,
+        enable_model_summary=False,
+        enable_progress_bar=False,
+        torch_dist_backend="gloo",
+        torch_dist_init_method=f"file://{os.path.abspath(rendezvous_dir)}/",
+    )
     trainer.fit(Regression())
 
 

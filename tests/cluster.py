@@ -117,6 +117,13 @@ def start_on_nodes(commands: dict[str, list[str]], cwd: Path, env: dict[str, str
     for name, command in commands.items():
         logs[name] = cwd / f"{name}.log"
         with open(logs[name], "w") as log:
-            processes[name] = subprocess.Popen(command, cwd=cwd, env=env, stdout=log, stderr=subprocess.STDOUT,
-                                               stdin=subprocess.DEVNULL, start_new_session=True)
+            processes[name] = subprocess.Popen(
+                command,
+                cwd=cwd,
+                env=env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+            )
     return NodeProcesses(logs, processes)

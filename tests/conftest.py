@@ -50,7 +50,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         raise pytest.UsageError(
             f"{len(problems)} test(s) need exactly one speed tier, @pytest.mark.unit (in-process, starts no process) "
             "or @pytest.mark.slow (starts processes), and a unit test needs nothing of the machine (pytest.ini, "
-            "markers; tests/conftest.py):\n  " + "\n  ".join(problems))
+            "markers; tests/conftest.py):\n  " + "\n  ".join(problems)
+        )
 
 
 # pytest-xdist (pytest.ini: -n 4 --dist loadfile) runs the suite's files side by side, each file on one worker (its
@@ -117,8 +118,16 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
 
 # A unit test that starts a process fails: the unit tier runs in this process only. Seen through the interpreter's
 # audit events; importing mpi4py.MPI counts too, as it initialises MPI and Open MPI's singleton starts an orted.
-_PROCESS_EVENTS = {"subprocess.Popen", "os.fork", "os.forkpty", "os.posix_spawn", "os.spawn", "os.system", "os.exec",
-                   "pty.spawn"}
+_PROCESS_EVENTS = {
+    "subprocess.Popen",
+    "os.fork",
+    "os.forkpty",
+    "os.posix_spawn",
+    "os.spawn",
+    "os.system",
+    "os.exec",
+    "pty.spawn",
+}
 _MPI_INIT = "import mpi4py.MPI (MPI_Init: Open MPI's singleton starts an orted)"
 _started_by_unit_test: list[str] | None = None  # a list while a unit test runs
 
@@ -180,6 +189,7 @@ def run_job(tmp_path: Path):
 def launcher_env(monkeypatch: pytest.MonkeyPatch):
     """``launcher_env(variables)`` replaces every launcher variable of this process (what a launcher, or the job's
     scheduler, set: everything ``helpers.job_environment`` leaves out) with ``variables``; restored after the test."""
+
     def set_variables(variables: dict[str, str]) -> None:
         clean = helpers.job_environment()
         for key in list(os.environ):
@@ -232,8 +242,9 @@ SLURM_STARTED = "slurm-started-by-this-run"
 @pytest.fixture(scope="session")
 def slurm_cluster(request: pytest.FixtureRequest):
     """A running single-node SLURM (.ci/slurm-up.sh); stopped at the end only if this session started it."""
-    missing = [command for command in ("srun", "sbatch", "slurmctld", "slurmd", "munged")
-               if shutil.which(command) is None]
+    missing = [
+        command for command in ("srun", "sbatch", "slurmctld", "slurmd", "munged") if shutil.which(command) is None
+    ]
     if missing:
         pytest.skip(f"SLURM is not installed ({', '.join(missing)} missing); .ci/install installs slurm-wlm and munge")
     if os.geteuid() != 0:
@@ -278,6 +289,8 @@ def flock_shim(tmp_path_factory) -> Path:
     if shutil.which("gcc") is None:
         pytest.skip("needs gcc to build the flock shim")
     shim = tmp_path_factory.mktemp("shim") / "nolock.so"
-    subprocess.run(["gcc", "-shared", "-fPIC", "-o", str(shim), str(Path(__file__).parent / "faults" / "nolock.c"),
-                    "-ldl"], check=True)
+    subprocess.run(
+        ["gcc", "-shared", "-fPIC", "-o", str(shim), str(Path(__file__).parent / "faults" / "nolock.c"), "-ldl"],
+        check=True,
+    )
     return shim

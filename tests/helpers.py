@@ -77,28 +77,44 @@ def _rank_records(out_dir: Path) -> dict[int, dict]:
     return ranks
 
 
-def run_command(command: list[str], cwd: Path, out_dir: Path, timeout: float = 240,
-                env: dict | None = None) -> JobResult:
+def run_command(
+    command: list[str], cwd: Path, out_dir: Path, timeout: float = 240, env: dict | None = None
+) -> JobResult:
     """Run ``command`` to completion (killed after ``timeout`` s) and collect the rank records in ``out_dir``."""
     try:
-        completed = subprocess.run(command, cwd=cwd, env=env or job_environment(), timeout=timeout,
-                                   stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                   stdin=subprocess.DEVNULL)
+        completed = subprocess.run(
+            command,
+            cwd=cwd,
+            env=env or job_environment(),
+            timeout=timeout,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            stdin=subprocess.DEVNULL,
+        )
     except subprocess.TimeoutExpired as expired:
         raise AssertionError(f"{command} did not finish in {timeout} s:\n{(expired.output or '')[-6000:]}") from None
     return JobResult(completed.returncode, completed.stdout, out_dir, _rank_records(out_dir))
 
 
-def run_ranks(rank_environments: list[dict[str, str]], flags: list[str], out_dir: Path, cwd: Path,
-              timeout: float = 180) -> JobResult:
+def run_ranks(
+    rank_environments: list[dict[str, str]], flags: list[str], out_dir: Path, cwd: Path, timeout: float = 180
+) -> JobResult:
     """Start tests/jobs/fit_job.py once per rank with that rank's environment, as an emulated launcher would."""
     logs = [cwd / f"rank{rank}.log" for rank in range(len(rank_environments))]
     processes = []
     for environment, log in zip(rank_environments, logs, strict=True):
         with open(log, "w") as output:
-            processes.append(subprocess.Popen([sys.executable, str(FIT_JOB), "--out", str(out_dir), *flags], cwd=cwd,
-                                              env=environment, stdout=output, stderr=subprocess.STDOUT,
-                                              stdin=subprocess.DEVNULL))
+            processes.append(
+                subprocess.Popen(
+                    [sys.executable, str(FIT_JOB), "--out", str(out_dir), *flags],
+                    cwd=cwd,
+                    env=environment,
+                    stdout=output,
+                    stderr=subprocess.STDOUT,
+                    stdin=subprocess.DEVNULL,
+                )
+            )
     try:
         returncodes = [process.wait(timeout=timeout) for process in processes]
     except subprocess.TimeoutExpired:
@@ -142,12 +158,13 @@ def _open_mpi_mpirun() -> str | None:
 OPENMPI_MPIRUN = _open_mpi_mpirun()
 needs_openmpi = pytest.mark.skipif(OPENMPI_MPIRUN is None, reason="OpenMPI's mpirun is not installed (.ci/install)")
 TORCH_FITS_THE_MPI_TRANSPORT = mpi.torch_fits_the_transport()
-needs_transport_torch = pytest.mark.skipif(not TORCH_FITS_THE_MPI_TRANSPORT,
-                                           reason=f"the MPI transport needs torch{MPI_TRANSPORT_TORCH}")
+needs_transport_torch = pytest.mark.skipif(
+    not TORCH_FITS_THE_MPI_TRANSPORT, reason=f"the MPI transport needs torch{MPI_TRANSPORT_TORCH}"
+)
 needs_mpi = pytest.mark.skipif(
     OPENMPI_MPIRUN is None or not mpi.is_available() or not TORCH_FITS_THE_MPI_TRANSPORT,
     reason="needs Open MPI's mpirun (apt-get install openmpi-bin libopenmpi-dev), mpi4py (pip install mpi4py) and "
-           f"torch{MPI_TRANSPORT_TORCH} for the MPI transport",
+    f"torch{MPI_TRANSPORT_TORCH} for the MPI transport",
 )
 
 
@@ -155,8 +172,23 @@ def openmpi_run(ranks: int = 2) -> list[str]:
     """``mpirun -n RANKS`` kept on loopback (TCP out-of-band, shared memory between ranks), as root too."""
     assert OPENMPI_MPIRUN is not None, "mark the test with needs_openmpi or needs_mpi"
     root = ["--allow-run-as-root"] if os.geteuid() == 0 else []
-    return [OPENMPI_MPIRUN, "-n", str(ranks), *root, "--oversubscribe", "--mca", "oob_tcp_if_include", "lo",
-            "--mca", "btl", "self,vader", "-x", "GLOO_SOCKET_IFNAME=lo", "-x", "PYTHONPATH"]
+    return [
+        OPENMPI_MPIRUN,
+        "-n",
+        str(ranks),
+        *root,
+        "--oversubscribe",
+        "--mca",
+        "oob_tcp_if_include",
+        "lo",
+        "--mca",
+        "btl",
+        "self,vader",
+        "-x",
+        "GLOO_SOCKET_IFNAME=lo",
+        "-x",
+        "PYTHONPATH",
+    ]
 
 
 # Jobs of tests/mpi/*.py under mpirun: what they share with the tests is tests/mpi/_setup.py (RankReport,
@@ -177,8 +209,9 @@ def mpirun_command(script: str | Path, *args: str, ranks: int = 2, timeout_s: fl
 
 def rank_reports(report_dir: Path) -> dict[int, list[str]]:
     """Rank -> the lines it reported (``_setup.RankReport``: ``REPORT_DIR/rank-R.txt``)."""
-    return {int(path.stem.removeprefix("rank-")): path.read_text().splitlines()
-            for path in report_dir.glob("rank-*.txt")}
+    return {
+        int(path.stem.removeprefix("rank-")): path.read_text().splitlines() for path in report_dir.glob("rank-*.txt")
+    }
 
 
 @dataclass(frozen=True)
@@ -189,9 +222,16 @@ class MpiJob:
     listening: dict[int, set[int]]  # with pause_dir: rank -> the TCP ports it listened on while paused
 
 
-def run_mpi_job(script: str | Path, *args: str, ranks: int = 2, timeout_s: float = 240, cwd: Path = REPO,
-                env: dict[str, str] | None = None, report_dir: Path | None = None,
-                pause_dir: Path | None = None) -> MpiJob:
+def run_mpi_job(
+    script: str | Path,
+    *args: str,
+    ranks: int = 2,
+    timeout_s: float = 240,
+    cwd: Path = REPO,
+    env: dict[str, str] | None = None,
+    report_dir: Path | None = None,
+    pause_dir: Path | None = None,
+) -> MpiJob:
     """Run ``script`` under ``mpirun -n RANKS`` to its end (``mpirun_command``) in ``env`` (``mpi_job_environment()``).
 
     With ``pause_dir``, the job is one that pauses every rank (``_setup.pause_for_inspection``): once every rank
@@ -199,24 +239,33 @@ def run_mpi_job(script: str | Path, *args: str, ranks: int = 2, timeout_s: float
     """
     command = mpirun_command(script, *args, ranks=ranks, timeout_s=timeout_s)
     listening: dict[int, set[int]] = {}
-    with subprocess.Popen(command, cwd=cwd, env=env or mpi_job_environment(), stdout=subprocess.PIPE,
-                          stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, text=True) as job:
+    with subprocess.Popen(
+        command,
+        cwd=cwd,
+        env=env or mpi_job_environment(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
+        text=True,
+    ) as job:
         try:
             if pause_dir is not None:
                 listening = _listening_while_paused(job, pause_dir, ranks, timeout_s)
             output, _ = job.communicate(timeout=timeout_s + 30)
         except subprocess.TimeoutExpired:
             job.kill()
-            raise AssertionError(f"{command} did not finish in {timeout_s + 30} s:\n{job.communicate()[0][-6000:]}"
-                                 ) from None
+            raise AssertionError(
+                f"{command} did not finish in {timeout_s + 30} s:\n{job.communicate()[0][-6000:]}"
+            ) from None
         finally:
             if job.poll() is None:
                 job.kill()
     return MpiJob(job.returncode, output, rank_reports(report_dir) if report_dir else {}, listening)
 
 
-def _listening_while_paused(job: subprocess.Popen, pause_dir: Path, ranks: int, timeout_s: float
-                            ) -> dict[int, set[int]]:
+def _listening_while_paused(
+    job: subprocess.Popen, pause_dir: Path, ranks: int, timeout_s: float
+) -> dict[int, set[int]]:
     deadline = time.monotonic() + timeout_s
     pid_files = [pause_dir / f"rank{rank}.pid" for rank in range(ranks)]
     assert job.stdout is not None  # run_mpi_job starts it with stdout=PIPE

@@ -25,13 +25,24 @@ REPO = Path(__file__).resolve().parents[1]
 # what talks to Lightning, torch's backends and the rendezvous, then what the user configures (flags, hooks), then
 # the process group's life. The top (the Trainer, Fabric, strategy, sampler, doctor) may import anything.
 LAYERS = [
-    ["lightning_dist_hooks.launcher_variables", "lightning_dist_hooks.supported_versions",
-     "lightning_dist_hooks.listening_sockets", "lightning_dist_hooks.verdict",
-     "lightning_dist_hooks.torch_rendezvous", "lightning_dist_hooks.wait_schedule",
-     "lightning_dist_hooks.outside_watchdog"],
-    ["lightning_dist_hooks._lightning_internals", "lightning_dist_hooks.environments",
-     "lightning_dist_hooks.environment_plugin", "lightning_dist_hooks.backends",
-     "lightning_dist_hooks.mpi", "lightning_dist_hooks.init_methods", "lightning_dist_hooks.transports"],
+    [
+        "lightning_dist_hooks.launcher_variables",
+        "lightning_dist_hooks.supported_versions",
+        "lightning_dist_hooks.listening_sockets",
+        "lightning_dist_hooks.verdict",
+        "lightning_dist_hooks.torch_rendezvous",
+        "lightning_dist_hooks.wait_schedule",
+        "lightning_dist_hooks.outside_watchdog",
+    ],
+    [
+        "lightning_dist_hooks._lightning_internals",
+        "lightning_dist_hooks.environments",
+        "lightning_dist_hooks.environment_plugin",
+        "lightning_dist_hooks.backends",
+        "lightning_dist_hooks.mpi",
+        "lightning_dist_hooks.init_methods",
+        "lightning_dist_hooks.transports",
+    ],
     ["lightning_dist_hooks.bootstrap_plan", "lightning_dist_hooks.hooks"],
     ["lightning_dist_hooks.process_group"],
 ]
@@ -52,7 +63,8 @@ def module_names(directory: Path, package: str | None = None) -> dict[str, Path]
 MODULES = module_names(PACKAGE_DIR, "lightning_dist_hooks")
 # The repository around the package: a package run with ``python -m``, and folders of scripts.
 AROUND = {"benchmarks": module_names(REPO / "benchmarks", "benchmarks")} | {
-    folder: module_names(REPO / folder) for folder in ("examples", "tests", "tests/mpi", "tests/jobs")}
+    folder: module_names(REPO / folder) for folder in ("examples", "tests", "tests/mpi", "tests/jobs")
+}
 
 
 def _absolute(module: str, node: ast.ImportFrom, modules: dict[str, Path]) -> str:
@@ -142,10 +154,15 @@ def test_no_module_of_the_repository_around_the_package_imports_itself_around_a_
 
 def test_the_package_imports_nothing_of_the_repository_around_it():
     """Not even inside a function: benchmarks/, examples/ and tests/ are not installed with the package."""
-    around = {"benchmarks", "examples", "tests"} | {name.partition(".")[0] for modules in AROUND.values()
-                                                    for name in modules}
-    reached = [f"{module} -> {target}" for module in MODULES for target in imports(module, deferred=True)
-               if target.partition(".")[0] in around]
+    around = {"benchmarks", "examples", "tests"} | {
+        name.partition(".")[0] for modules in AROUND.values() for name in modules
+    }
+    reached = [
+        f"{module} -> {target}"
+        for module in MODULES
+        for target in imports(module, deferred=True)
+        if target.partition(".")[0] in around
+    ]
     assert reached == []
 
 
@@ -155,23 +172,35 @@ def test_no_module_imports_a_package_that_contains_it(package):
     benchmarks' modules import ``benchmarks/__init__.py``, imports inside functions included."""
     modules = MODULES if package == "lightning_dist_hooks" else AROUND[package]
     deferred = package != "lightning_dist_hooks"  # the package defers a few imports on purpose (module docstring)
-    upward = [f"{module} -> {target}" for module in modules
-              for target in imports(module, modules, deferred=deferred) & modules.keys()
-              if module.startswith(target + ".") and target != "lightning_dist_hooks"]
+    upward = [
+        f"{module} -> {target}"
+        for module in modules
+        for target in imports(module, modules, deferred=deferred) & modules.keys()
+        if module.startswith(target + ".") and target != "lightning_dist_hooks"
+    ]
     assert upward == []
 
 
 def test_each_layer_imports_only_itself_and_the_layers_below():
-    upward = [f"{module} (layer {layer_of(module)}) -> {target} (layer {layer_of(target)})"
-              for module in MODULES for target in eager_imports(module) if layer_of(target) > layer_of(module)]
+    upward = [
+        f"{module} (layer {layer_of(module)}) -> {target} (layer {layer_of(target)})"
+        for module in MODULES
+        for target in eager_imports(module)
+        if layer_of(target) > layer_of(module)
+    ]
     assert upward == []
 
 
 def test_the_rooms_are_found_where_the_docs_say():
-    assert {"lightning_dist_hooks.process_group.create", "lightning_dist_hooks.init_methods._shared_filesystem.claims",
-            "lightning_dist_hooks.init_methods._shared_filesystem.directory_store"} <= set(MODULES)
+    assert {
+        "lightning_dist_hooks.process_group.create",
+        "lightning_dist_hooks.init_methods._shared_filesystem.claims",
+        "lightning_dist_hooks.init_methods._shared_filesystem.directory_store",
+    } <= set(MODULES)
     assert eager_imports("lightning_dist_hooks.process_group.create") >= {
-        "lightning_dist_hooks.process_group.progress", "lightning_dist_hooks.process_group.rendezvous_deadline"}
+        "lightning_dist_hooks.process_group.progress",
+        "lightning_dist_hooks.process_group.rendezvous_deadline",
+    }
 
 
 def _closed_within(module: str) -> str | None:
@@ -192,4 +221,5 @@ def test_a_closed_module_is_imported_only_from_inside_the_package_that_holds_it(
             if package is not None and module != package and not module.startswith(f"{package}."):
                 reaching_in.append(f"{module} imports {imported}, closed within {package}")
     assert reaching_in == [], "import it from the package's __init__, which re-exports what others need:\n" + "\n".join(
-        reaching_in)
+        reaching_in
+    )

@@ -14,9 +14,15 @@ EXPECTED_VARIANTS = {"raw_ddp", "pytorch_lightning", "ours_default", "ours_file"
 
 @pytest.mark.slow
 def test_quick_benchmarks_write_json_markdown_and_plots(tmp_path):
-    completed = subprocess.run([sys.executable, "-m", "benchmarks", "--quick", "--out", str(tmp_path)], cwd=REPO,
-                               env=job_environment(), capture_output=True, text=True, timeout=420,
-                               stdin=subprocess.DEVNULL)
+    completed = subprocess.run(
+        [sys.executable, "-m", "benchmarks", "--quick", "--out", str(tmp_path)],
+        cwd=REPO,
+        env=job_environment(),
+        capture_output=True,
+        text=True,
+        timeout=420,
+        stdin=subprocess.DEVNULL,
+    )
     assert completed.returncode == 0, completed.stderr[-4000:]
     assert "| variant | median step (ms)" in completed.stdout
 
@@ -42,9 +48,15 @@ def test_quick_benchmarks_write_json_markdown_and_plots(tmp_path):
 @pytest.mark.slow
 def test_the_scale_benchmark_writes_json_and_a_plot(tmp_path):
     out = tmp_path / "scale.json"
-    completed = subprocess.run([sys.executable, "-m", "benchmarks.bootstrap", "--world-sizes", "2,4", "--repetitions",
-                                "1", "--out", str(out)], cwd=REPO, env=job_environment(), capture_output=True,
-                               text=True, timeout=300, stdin=subprocess.DEVNULL)
+    completed = subprocess.run(
+        [sys.executable, "-m", "benchmarks.bootstrap", "--world-sizes", "2,4", "--repetitions", "1", "--out", str(out)],
+        cwd=REPO,
+        env=job_environment(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+        stdin=subprocess.DEVNULL,
+    )
     assert completed.returncode == 0, completed.stderr[-4000:]
     results = json.loads(out.read_text())
     assert set(results["methods"]) == {"env://", "FileStore", "dir://", "env:// lazy", "FileStore lazy", "dir:// lazy"}
@@ -61,10 +73,26 @@ def test_the_mpi_store_benchmark_runs_at_two_ranks_and_renders(tmp_path):
     from benchmarks import mpi_store
 
     out = tmp_path / "mpi_store.json"
-    command = [sys.executable, "-m", "benchmarks.mpi_store", "--world-sizes", "2", "--repetitions", "1",
-               "--op-world-sizes", "2", "--ops", "3", "--op-rounds", "1", "--out", str(out)]
-    completed = subprocess.run(command, cwd=REPO, env=job_environment(), capture_output=True, text=True, timeout=300,
-                               stdin=subprocess.DEVNULL)
+    command = [
+        sys.executable,
+        "-m",
+        "benchmarks.mpi_store",
+        "--world-sizes",
+        "2",
+        "--repetitions",
+        "1",
+        "--op-world-sizes",
+        "2",
+        "--ops",
+        "3",
+        "--op-rounds",
+        "1",
+        "--out",
+        str(out),
+    ]
+    completed = subprocess.run(
+        command, cwd=REPO, env=job_environment(), capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL
+    )
     assert completed.returncode == 0, completed.stdout[-4000:] + completed.stderr[-4000:]
     results = json.loads(out.read_text())
     row = results["summary"]["first_barrier"]["2"]
@@ -82,8 +110,11 @@ def test_the_committed_scale_results_show_dir_operations_growing_linearly():
     from benchmarks import scale_report
 
     stored = json.loads((REPO / "benchmarks" / "results" / "rendezvous_scale.json").read_text())
-    per_rank = {int(size): samples["operations"][0]["median"] / int(size)
-                for size, samples in stored["methods"]["dir://"].items() if int(size) >= 32}
+    per_rank = {
+        int(size): samples["operations"][0]["median"] / int(size)
+        for size, samples in stored["methods"]["dir://"].items()
+        if int(size) >= 32
+    }
     assert max(per_rank.values()) < 1.5 * min(per_rank.values()), per_rank
     assert "| world size | env:// |" in scale_report.markdown(stored)
 
@@ -97,7 +128,12 @@ def test_mpi_markdown_gives_the_completion_routes_and_the_backward_wait():
     ours_wait = stored["ddp_backward_tail"]["median_seconds"]["mpi4py backend"]
     assert f"{ours_wait * 1e3:.2f} ms with the mpi4py backend" in markdown
     route_rows = [line for line in markdown.splitlines() if line.startswith("| ") and line.count("µs") == 3]
-    assert [row.split(" | ")[0] for row in route_rows] == ["| 4 KiB", "| 1024 KiB", "| 4096 KiB", "| 16384 KiB",
-                                                             "| 65536 KiB"]
+    assert [row.split(" | ")[0] for row in route_rows] == [
+        "| 4 KiB",
+        "| 1024 KiB",
+        "| 4096 KiB",
+        "| 16384 KiB",
+        "| 65536 KiB",
+    ]
     future_ratio = stored["completion_routes"][0]["time_relative_to_blocking"]["async_op, future (DDP's route)"]
     assert route_rows[0].endswith(f"| {future_ratio:.2f}x |")

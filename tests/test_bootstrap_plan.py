@@ -36,7 +36,10 @@ def registry(monkeypatch):
 def test_the_flags_are_checked_once_before_lightning_builds_anything(tmp_path):
     flags = Flags.checked("GLOO", f"file://{tmp_path}/")
     assert (flags.backend, flags.backend_as_given, flags.init_method) == (
-        "gloo", "GLOO", InitMethodURL(given=f"file://{tmp_path}/", resolved=f"file://{tmp_path}/"))
+        "gloo",
+        "GLOO",
+        InitMethodURL(given=f"file://{tmp_path}/", resolved=f"file://{tmp_path}/"),
+    )
     assert flags.backend_flag == "torch_dist_backend='GLOO'"
     assert Flags.checked(None, None).is_default
     with pytest.raises(ValueError, match=r"torch_dist_init_method='nope://x' has an unknown scheme 'nope'"):

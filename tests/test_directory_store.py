@@ -60,8 +60,11 @@ def test_set_get_append_multi_and_the_key_names(directory):
 def test_a_missing_key_times_out_naming_it(directory):
     store = store_in(directory, SHORT)
     started = time.monotonic()
-    with pytest.raises(dist.DistStoreError, match=r"Wait timeout: timed out after 0.3 s waiting for the keys "
-                                                  r"\['nobody/set/this'\] in .*store.d"):
+    with pytest.raises(
+        dist.DistStoreError,
+        match=r"Wait timeout: timed out after 0.3 s waiting for the keys "
+        r"\['nobody/set/this'\] in .*store.d",
+    ):
         store.get("nobody/set/this")
     assert 0.3 <= time.monotonic() - started < 2
     with pytest.raises(dist.DistStoreError, match=r"timed out after 0.1 s waiting for the keys \['b'\]"):
@@ -226,8 +229,9 @@ def test_a_key_file_of_another_user_is_refused(directory):
 
 def _gloo_rank(directory: Path, rank: int, world_size: int, results) -> None:
     os.environ["GLOO_SOCKET_IFNAME"] = "lo"
-    dist.init_process_group("gloo", store=store_in(directory), rank=rank, world_size=world_size,
-                            timeout=timedelta(seconds=60))
+    dist.init_process_group(
+        "gloo", store=store_in(directory), rank=rank, world_size=world_size, timeout=timedelta(seconds=60)
+    )
     tensor = torch.tensor([float(rank)])
     dist.all_reduce(tensor)
     dist.barrier()
@@ -240,8 +244,9 @@ def _gloo_rank(directory: Path, rank: int, world_size: int, results) -> None:
 def test_gloo_meets_through_it(directory, world_size):
     context = multiprocessing.get_context("fork")
     results = context.Queue()
-    ranks = [context.Process(target=_gloo_rank, args=(directory, rank, world_size, results))
-             for rank in range(world_size)]
+    ranks = [
+        context.Process(target=_gloo_rank, args=(directory, rank, world_size, results)) for rank in range(world_size)
+    ]
     for process in ranks:
         process.start()
     sums = [results.get(timeout=120) for _ in ranks]

@@ -62,9 +62,16 @@ def links(page: Path) -> list[str]:
 def test_every_path_the_docs_name_exists_in_the_installed_package_or_the_checkout():
     named = {page.relative_to(REPO).as_posix(): named_paths(page.read_text(encoding="utf-8")) for page in PAGES}
     assert any(path.startswith("examples/") for path in named["README.md"])
-    missing = [f"{page}: {path}" for page, paths in named.items() for path in paths if not (
-        PACKAGE_DIR / path.removeprefix("lightning_dist_hooks/") if path.startswith("lightning_dist_hooks/")
-        else REPO / path).exists()]
+    missing = [
+        f"{page}: {path}"
+        for page, paths in named.items()
+        for path in paths
+        if not (
+            PACKAGE_DIR / path.removeprefix("lightning_dist_hooks/")
+            if path.startswith("lightning_dist_hooks/")
+            else REPO / path
+        ).exists()
+    ]
     assert missing == [], f"the documentation names paths that do not exist: {missing} (package at {PACKAGE_DIR})"
 
 
@@ -107,8 +114,7 @@ def test_the_quick_start_is_two_commands_and_ci_runs_its_test_command():
     assert install_and_train.startswith("bash .ci/install && ") and "examples/" in install_and_train
     ci_run = (REPO / ".ci" / "run").read_text()
     commands = [shlex.split(line.split("||")[0]) for line in ci_run.splitlines() if not line.startswith("#")]
-    assert shlex.split(test) in commands, (
-        f"CI (.ci/run) does not run the README's test command {test!r}")
+    assert shlex.split(test) in commands, f"CI (.ci/run) does not run the README's test command {test!r}"
 
 
 def test_every_figure_in_the_docs_comes_from_the_committed_results():
@@ -144,37 +150,56 @@ def _ratio_interval_includes_one(variant: dict) -> bool:
 CLAIMS = {
     "Every paired ratio of our three variants to Lightning's Trainer has a 95 % interval that includes 1": lambda: all(
         _ratio_interval_includes_one(_results("results.json")["step_overhead"]["variants"][variant])
-        for variant in ("ours_default", "ours_file", "ours_hooks")),
+        for variant in ("ours_default", "ours_file", "ours_hooks")
+    ),
     "`file://` was no slower than `env://` at any world size measured": lambda: all(
         stats["median"] <= _results("results.json")["bootstrap"]["latency_ms"]["env://"][size]["median"]
-        for size, stats in _results("results.json")["bootstrap"]["latency_ms"]["file://"].items()),
+        for size, stats in _results("results.json")["bootstrap"]["latency_ms"]["file://"].items()
+    ),
     "The mpi4py backend is faster than gloo at every all-reduce size measured": lambda: all(
-        row["ours_speed_relative_to"]["gloo"] > 1 for run in (_mpi_run(), _results("results.json")["mpi_allreduce"])
-        for row in run["allreduce"]),
+        row["ours_speed_relative_to"]["gloo"] > 1
+        for run in (_mpi_run(), _results("results.json")["mpi_allreduce"])
+        for row in run["allreduce"]
+    ),
     "Lightning's `sync_dist` pattern runs at more than ten times gloo's speed": lambda: (
-        _mpi_run()["sync_dist_step"]["ours_speed_relative_to"]["gloo"] > 10),
+        _mpi_run()["sync_dist_step"]["ours_speed_relative_to"]["gloo"] > 10
+    ),
     "The DDP training step is faster on the mpi4py backend than on gloo": lambda: (
         _mpi_run()["ddp_step"]["ours_speed_relative_to"]["gloo"] > 1
         and _mpi_run()["ddp_backward_tail"]["median_seconds"]["mpi4py backend"]
-        < _mpi_run()["ddp_backward_tail"]["median_seconds"]["gloo"]),
+        < _mpi_run()["ddp_backward_tail"]["median_seconds"]["gloo"]
+    ),
     "DDP's completion route (the work's future) costs at most 1.25 times the blocking call at every size": lambda: all(
         row["time_relative_to_blocking"]["async_op, future (DDP's route)"] <= 1.25
-        for row in _mpi_run()["completion_routes"]),
+        for row in _mpi_run()["completion_routes"]
+    ),
     "With the eager set-up `dir://` was faster than raw `FileStore` at 512 ranks": lambda: (
-        _scale_ratio("dir://", "FileStore", "512") < 1),
+        _scale_ratio("dir://", "FileStore", "512") < 1
+    ),
     "with the eager set-up the median of `dir://` lay within the range of raw `FileStore`'s repetitions at 128 and "
     "256 ranks": lambda: all(
-        min(_scale_seconds("FileStore", size)) <= statistics.median(_scale_seconds("dir://", size))
-        <= max(_scale_seconds("FileStore", size)) for size in ("128", "256")),
+        min(_scale_seconds("FileStore", size))
+        <= statistics.median(_scale_seconds("dir://", size))
+        <= max(_scale_seconds("FileStore", size))
+        for size in ("128", "256")
+    ),
     "With gloo's lazy set-up `dir://` was faster than raw `FileStore` at 512 ranks": lambda: (
-        _scale_ratio("dir:// lazy", "FileStore lazy", "512") < 1),
+        _scale_ratio("dir:// lazy", "FileStore lazy", "512") < 1
+    ),
     "`dir://`'s operations per rank grew linearly with the world size": lambda: (
-        lambda ratios: max(ratios) < 1.5 * min(ratios))(
-        [statistics.median([each["median"] for each in samples["operations"]]) / int(size)
-         for size, samples in _results("rendezvous_scale.json")["methods"]["dir://"].items() if int(size) >= 32]),
+        lambda ratios: max(ratios) < 1.5 * min(ratios)
+    )(
+        [
+            statistics.median([each["median"] for each in samples["operations"]]) / int(size)
+            for size, samples in _results("rendezvous_scale.json")["methods"]["dir://"].items()
+            if int(size) >= 32
+        ]
+    ),
     "From 4 MiB on, ours is within 5 % of a raw `MPI_Allreduce` on the same memory": lambda: all(
         row["ours_speed_relative_to"]["raw, torch memory"] >= 0.95
-        for row in _mpi_run()["allreduce"] if row["bytes"] >= 4 << 20),
+        for row in _mpi_run()["allreduce"]
+        if row["bytes"] >= 4 << 20
+    ),
 }
 
 
@@ -203,8 +228,11 @@ def test_the_flags_docs_the_hook_and_both_trainers_list_every_registered_scheme_
             assert not missing, (missing, document[:400])
         for document in (FLAG_DOCS["torch_dist_backend"], trainer_doc, fabric_doc):
             assert f'"{mpi.BACKEND_NAME}"' in document and '"gloo"' in document
-            missing = [transport.names[0] for transport in transports.registered_transports()
-                       if f'"{transport.names[0]}"' not in document]
+            missing = [
+                transport.names[0]
+                for transport in transports.registered_transports()
+                if f'"{transport.names[0]}"' not in document
+            ]
             assert not missing, (missing, document[:400])
 
 

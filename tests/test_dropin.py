@@ -24,9 +24,12 @@ pytestmark = pytest.mark.compat
     ("strategy", "devices", "stages", "package"),
     # ddp_spawn starts new processes for every stage, so it runs fewer of them to keep the suite fast; the
     # lightning package runs the ddp case, which has every stage.
-    [("auto", 1, "fit,validate,test,predict", "pytorch_lightning"),
-     ("ddp", 2, "fit,validate,test,predict", "pytorch_lightning"),
-     ("ddp_spawn", 2, "fit,test", "pytorch_lightning"), ("ddp", 2, "fit,validate,test,predict", "lightning")],
+    [
+        ("auto", 1, "fit,validate,test,predict", "pytorch_lightning"),
+        ("ddp", 2, "fit,validate,test,predict", "pytorch_lightning"),
+        ("ddp_spawn", 2, "fit,test", "pytorch_lightning"),
+        ("ddp", 2, "fit,validate,test,predict", "lightning"),
+    ],
     ids=["1-device", "ddp", "ddp_spawn", "ddp-lightning"],
 )
 def test_defaults_give_bitwise_equal_weights_and_identical_sample_order(run_job, strategy, devices, stages, package):
@@ -52,9 +55,11 @@ def test_explicit_backend_and_file_rendezvous_train_the_same_weights(run_job, tm
     ours = run_job("--backend", "gloo", "--init-method", f"file://{tmp_path}/rendezvous").assert_ok()
     assert ours.same_on_all_ranks("weights_sha256") == theirs.same_on_all_ranks("weights_sha256")
     # What the user sees stays Lightning's: its bootstrap lines, through its own logger, on both ranks.
-    for line in ("Initializing distributed: GLOBAL_RANK: 0, MEMBER: 1/2",
-                 "Initializing distributed: GLOBAL_RANK: 1, MEMBER: 2/2",
-                 "All distributed processes registered. Starting with 2 processes"):
+    for line in (
+        "Initializing distributed: GLOBAL_RANK: 0, MEMBER: 1/2",
+        "Initializing distributed: GLOBAL_RANK: 1, MEMBER: 2/2",
+        "All distributed processes registered. Starting with 2 processes",
+    ):
         assert line in theirs.output and line in ours.output
 
 
@@ -122,19 +127,28 @@ def test_fabric_signature_and_docstring_are_lightnings_plus_ours(package):
 
 @pytest.mark.unit
 @both_packages
-@pytest.mark.parametrize("strategy",
-                         ["ddp_spawn", "ddp", "ddp_fork", "ddp_notebook", "ddp_find_unused_parameters_true"])
+@pytest.mark.parametrize(
+    "strategy", ["ddp_spawn", "ddp", "ddp_fork", "ddp_notebook", "ddp_find_unused_parameters_true"]
+)
 def test_trainer_and_strategy_stay_picklable(package, strategy, tmp_path):
     DDPStrategy = package.pl.strategies.DDPStrategy
-    trainer = package.ours.Trainer(accelerator="cpu", devices=2, strategy=strategy, logger=False,
-                                   torch_dist_backend="gloo", torch_dist_init_method=f"file://{tmp_path}/rendezvous")
+    trainer = package.ours.Trainer(
+        accelerator="cpu",
+        devices=2,
+        strategy=strategy,
+        logger=False,
+        torch_dist_backend="gloo",
+        torch_dist_init_method=f"file://{tmp_path}/rendezvous",
+    )
     copy = pickle.loads(pickle.dumps(trainer))
     assert type(copy.strategy).__name__ == type(trainer.strategy).__name__
     assert isinstance(copy.strategy, DDPStrategy)
     assert _lightning_internals.ours(copy.strategy) == _lightning_internals.ours(trainer.strategy)
     assert copy.strategy._ddp_kwargs == trainer.strategy._ddp_kwargs
     assert (copy.torch_dist_backend, copy.torch_dist_init_method) == (
-        "gloo", f"file://{tmp_path}/ldh-uid-{os.geteuid()}/rendezvous")
+        "gloo",
+        f"file://{tmp_path}/ldh-uid-{os.geteuid()}/rendezvous",
+    )
 
 
 @pytest.mark.unit
@@ -151,8 +165,9 @@ def test_a_user_strategy_instance_keeps_its_identity_and_settings(package):
     from datetime import timedelta
 
     strategy = package.pl.strategies.DDPStrategy(find_unused_parameters=True, timeout=timedelta(seconds=42))
-    trainer = package.ours.Trainer(accelerator="cpu", devices=2, strategy=strategy, torch_dist_backend="gloo",
-                                   logger=False)
+    trainer = package.ours.Trainer(
+        accelerator="cpu", devices=2, strategy=strategy, torch_dist_backend="gloo", logger=False
+    )
     assert trainer.strategy is strategy
     assert strategy._ddp_kwargs == {"find_unused_parameters": True}
     assert strategy._timeout == timedelta(seconds=42)

@@ -60,21 +60,58 @@ from lightning_dist_hooks.launcher_variables import (
 
 FIT_FLAGS = ["--backend", "gloo", "--setup-hook", "record", "--sampler-hook", "super", "--epochs", "1"]
 
-OPENMPI = {"OMPI_COMM_WORLD_RANK": "3", "OMPI_COMM_WORLD_SIZE": "8", "OMPI_COMM_WORLD_LOCAL_RANK": "1",
-           "OMPI_COMM_WORLD_LOCAL_SIZE": "2", "OMPI_COMM_WORLD_NODE_RANK": "1", "PMIX_NAMESPACE": "806289409",
-           "PMIX_RANK": "3"}
+OPENMPI = {
+    "OMPI_COMM_WORLD_RANK": "3",
+    "OMPI_COMM_WORLD_SIZE": "8",
+    "OMPI_COMM_WORLD_LOCAL_RANK": "1",
+    "OMPI_COMM_WORLD_LOCAL_SIZE": "2",
+    "OMPI_COMM_WORLD_NODE_RANK": "1",
+    "PMIX_NAMESPACE": "806289409",
+    "PMIX_RANK": "3",
+}
 HYDRA = {"PMI_RANK": "3", "PMI_SIZE": "8", "MPI_LOCALRANKID": "1", "MPI_LOCALNRANKS": "2", "PMI_FD": "6"}
-MVAPICH2 = {"MV2_COMM_WORLD_RANK": "3", "MV2_COMM_WORLD_SIZE": "8", "MV2_COMM_WORLD_LOCAL_RANK": "1",
-            "MV2_COMM_WORLD_LOCAL_SIZE": "2"}
-FLUX = {"FLUX_TASK_RANK": "3", "FLUX_TASK_LOCAL_ID": "1", "FLUX_JOB_SIZE": "8", "FLUX_JOB_NNODES": "4",
-        "FLUX_JOB_ID": "ƒ2Bt7T6Cw", "PMI_RANK": "3", "PMI_SIZE": "8", "PMI_FD": "6"}
-PALS = {"PALS_RANKID": "3", "PALS_LOCAL_RANKID": "1", "PALS_NODEID": "1", "PALS_APID": "7f1c-aa",
-        "PALS_LOCAL_SIZE": "2", "PMI_RANK": "3", "PMI_SIZE": "8", "PMI_LOCAL_RANK": "1", "PMI_LOCAL_SIZE": "2",
-        "PBS_JOBID": "1234.pbs01"}
+MVAPICH2 = {
+    "MV2_COMM_WORLD_RANK": "3",
+    "MV2_COMM_WORLD_SIZE": "8",
+    "MV2_COMM_WORLD_LOCAL_RANK": "1",
+    "MV2_COMM_WORLD_LOCAL_SIZE": "2",
+}
+FLUX = {
+    "FLUX_TASK_RANK": "3",
+    "FLUX_TASK_LOCAL_ID": "1",
+    "FLUX_JOB_SIZE": "8",
+    "FLUX_JOB_NNODES": "4",
+    "FLUX_JOB_ID": "ƒ2Bt7T6Cw",
+    "PMI_RANK": "3",
+    "PMI_SIZE": "8",
+    "PMI_FD": "6",
+}
+PALS = {
+    "PALS_RANKID": "3",
+    "PALS_LOCAL_RANKID": "1",
+    "PALS_NODEID": "1",
+    "PALS_APID": "7f1c-aa",
+    "PALS_LOCAL_SIZE": "2",
+    "PMI_RANK": "3",
+    "PMI_SIZE": "8",
+    "PMI_LOCAL_RANK": "1",
+    "PMI_LOCAL_SIZE": "2",
+    "PBS_JOBID": "1234.pbs01",
+}
 # What a process started by srun (mpi/pmi2 plugin) sees: PMI_RANK/PMI_SIZE but none of Hydra's MPI_LOCALRANKID.
-SRUN = {"SLURM_NTASKS": "8", "SLURM_NTASKS_PER_NODE": "2", "SLURM_PROCID": "3", "SLURM_LOCALID": "1",
-        "SLURM_NODEID": "1", "SLURM_JOB_ID": "42", "SLURM_STEP_ID": "0", "SLURM_JOB_NAME": "train",
-        "PMI_RANK": "3", "PMI_SIZE": "8", "PMIX_NAMESPACE": "slurm.pmix.42.0"}
+SRUN = {
+    "SLURM_NTASKS": "8",
+    "SLURM_NTASKS_PER_NODE": "2",
+    "SLURM_PROCID": "3",
+    "SLURM_LOCALID": "1",
+    "SLURM_NODEID": "1",
+    "SLURM_JOB_ID": "42",
+    "SLURM_STEP_ID": "0",
+    "SLURM_JOB_NAME": "train",
+    "PMI_RANK": "3",
+    "PMI_SIZE": "8",
+    "PMIX_NAMESPACE": "slurm.pmix.42.0",
+}
 # The batch step of an sbatch job, inherited by everything an mpirun inside it starts.
 SBATCH_STEP = {key: SRUN[key] for key in ("SLURM_NTASKS", "SLURM_NTASKS_PER_NODE", "SLURM_JOB_ID", "SLURM_JOB_NAME")}
 
@@ -83,12 +120,27 @@ SBATCH_STEP = {key: SRUN[key] for key in ("SLURM_NTASKS", "SLURM_NTASKS_PER_NODE
 @pytest.mark.parametrize(
     ("variables", "expected"),
     [
-        (OPENMPI, OpenMPIEnvironment), (HYDRA, HydraEnvironment), (MVAPICH2, MVAPICH2Environment),
-        (FLUX, FluxEnvironment), (PALS, PALSEnvironment), (SRUN, SLURMEnvironment),
+        (OPENMPI, OpenMPIEnvironment),
+        (HYDRA, HydraEnvironment),
+        (MVAPICH2, MVAPICH2Environment),
+        (FLUX, FluxEnvironment),
+        (PALS, PALSEnvironment),
+        (SRUN, SLURMEnvironment),
         ({**SBATCH_STEP, **OPENMPI}, OpenMPIEnvironment),  # mpirun inside sbatch: the innermost launcher wins
         ({**SBATCH_STEP, **FLUX}, FluxEnvironment),
-        ({**SRUN, "TORCHELASTIC_RUN_ID": "abc", "RANK": "3", "LOCAL_RANK": "1", "WORLD_SIZE": "8", "GROUP_RANK": "1",
-          "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500"}, None),  # torchrun in srun: Lightning's TorchElastic
+        (
+            {
+                **SRUN,
+                "TORCHELASTIC_RUN_ID": "abc",
+                "RANK": "3",
+                "LOCAL_RANK": "1",
+                "WORLD_SIZE": "8",
+                "GROUP_RANK": "1",
+                "MASTER_ADDR": "127.0.0.1",
+                "MASTER_PORT": "29500",
+            },
+            None,
+        ),  # torchrun in srun: Lightning's TorchElastic
         ({}, None),
     ],
 )
@@ -137,18 +189,29 @@ def test_env_main_address_on_several_nodes_needs_master_addr_or_file(launcher_en
         (OpenMPIEnvironment, OPENMPI, 2, 4, None),  # rank 3, local rank 1 of 2: block placement
         (FluxEnvironment, FLUX, 2, 4, None),
         (PALSEnvironment, {**PALS, "PALS_LOCAL_RANKID": "0"}, 2, 4, None),  # PALS names the node: nothing derived
-        (OpenMPIEnvironment, OPENMPI, 2, 2,
-         r"started 8 processes \(OMPI_COMM_WORLD_SIZE=8\).*devices=2 and num_nodes=2, i.e. 4"),
+        (
+            OpenMPIEnvironment,
+            OPENMPI,
+            2,
+            2,
+            r"started 8 processes \(OMPI_COMM_WORLD_SIZE=8\).*devices=2 and num_nodes=2, i.e. 4",
+        ),
         (OpenMPIEnvironment, OPENMPI, 4, 2, r"placed 2 processes on each node, but the Trainer has devices=4"),
         (FluxEnvironment, FLUX, 1, 8, r"placed 2 processes on each node, but the Trainer has devices=1"),
         # mpirun --map-by node on 4 nodes of 2: rank 3 is the second rank of node 3, not of node 1.
-        (OpenMPIEnvironment, {**OPENMPI, "OMPI_COMM_WORLD_LOCAL_RANK": "0"}, 2, 4,
-         r"rank 3 has local rank 0, but with 2 consecutive ranks per node it would have local rank 1.*round-robin"),
+        (
+            OpenMPIEnvironment,
+            {**OPENMPI, "OMPI_COMM_WORLD_LOCAL_RANK": "0"},
+            2,
+            4,
+            r"rank 3 has local rank 0, but with 2 consecutive ranks per node it would have local rank 1.*round-robin",
+        ),
         (HydraEnvironment, {**HYDRA, "MPI_LOCALRANKID": "0"}, 2, 4, r"round-robin.*ppr:2:node"),
     ],
 )
-def test_launch_placement_and_sizes_are_checked_against_devices_and_num_nodes(launcher_env, environment, variables,
-                                                                              devices, num_nodes, error):
+def test_launch_placement_and_sizes_are_checked_against_devices_and_num_nodes(
+    launcher_env, environment, variables, devices, num_nodes, error
+):
     launcher_env(variables)
     if error is None:
         environment().validate_settings(num_devices=devices, num_nodes=num_nodes)
@@ -181,11 +244,25 @@ def test_detection_finds_lightnings_own_environments_of_the_package_asked_for(la
 def test_slurm_requeue_gets_a_new_rendezvous_file(launcher_env, tmp_path, package):
     Trainer, SLURMEnvironment = package.ours.Trainer, package.fabric.plugins.environments.SLURMEnvironment
     launcher_env(SRUN)
-    first = Trainer(accelerator="cpu", devices=2, strategy="ddp", torch_dist_init_method=f"file://{tmp_path}/",
-                    plugins=[SLURMEnvironment()], logger=False, num_nodes=4).torch_dist_init_method
+    first = Trainer(
+        accelerator="cpu",
+        devices=2,
+        strategy="ddp",
+        torch_dist_init_method=f"file://{tmp_path}/",
+        plugins=[SLURMEnvironment()],
+        logger=False,
+        num_nodes=4,
+    ).torch_dist_init_method
     launcher_env({**SRUN, "SLURM_RESTART_COUNT": "1"})
-    requeued = Trainer(accelerator="cpu", devices=2, strategy="ddp", torch_dist_init_method=f"file://{tmp_path}/",
-                       plugins=[SLURMEnvironment()], logger=False, num_nodes=4).torch_dist_init_method
+    requeued = Trainer(
+        accelerator="cpu",
+        devices=2,
+        strategy="ddp",
+        torch_dist_init_method=f"file://{tmp_path}/",
+        plugins=[SLURMEnvironment()],
+        logger=False,
+        num_nodes=4,
+    ).torch_dist_init_method
     assert first.startswith(f"file://{tmp_path}/ldh-uid-{os.geteuid()}/ldh-rendezvous-SLURM_JOB_ID-42-SLURM_STEP_ID-0-")
     assert "SLURM_RESTART_COUNT-1" in requeued and requeued != first
 
@@ -193,18 +270,28 @@ def test_slurm_requeue_gets_a_new_rendezvous_file(launcher_env, tmp_path, packag
 @pytest.mark.unit
 def test_no_job_identity_asks_for_an_explicit_file(launcher_env, tmp_path):
     launcher_env(HYDRA)  # mpiexec.hydra outside any allocation names no launch
-    with pytest.raises(ValueError, match=rf"torch_dist_init_method='file://{tmp_path}/': HydraEnvironment names no job"
-                                         rf".*e.g. 'file://{tmp_path}/run42'"):
-        Trainer(accelerator="cpu", devices=2, num_nodes=4, strategy="ddp", torch_dist_init_method=f"file://{tmp_path}/",
-                logger=False)
+    with pytest.raises(
+        ValueError,
+        match=rf"torch_dist_init_method='file://{tmp_path}/': HydraEnvironment names no job"
+        rf".*e.g. 'file://{tmp_path}/run42'",
+    ):
+        Trainer(
+            accelerator="cpu",
+            devices=2,
+            num_nodes=4,
+            strategy="ddp",
+            torch_dist_init_method=f"file://{tmp_path}/",
+            logger=False,
+        )
 
 
 @pytest.mark.unit
 def test_processes_started_with_local_rank_by_hand_have_no_identity(launcher_env, tmp_path):
     launcher_env({"LOCAL_RANK": "0", "NODE_RANK": "0", "WORLD_SIZE": "2"})
     with pytest.raises(ValueError, match=r"LightningEnvironment names no job"):
-        Trainer(accelerator="cpu", devices=2, strategy="ddp", torch_dist_init_method=f"file://{tmp_path}/",
-                logger=False)
+        Trainer(
+            accelerator="cpu", devices=2, strategy="ddp", torch_dist_init_method=f"file://{tmp_path}/", logger=False
+        )
 
 
 @pytest.mark.unit
@@ -212,8 +299,9 @@ def test_processes_started_with_local_rank_by_hand_have_no_identity(launcher_env
 def test_a_plugin_given_by_the_user_is_kept(launcher_env, package):
     LightningEnvironment = package.fabric.plugins.environments.LightningEnvironment
     launcher_env(OPENMPI)
-    trainer = package.ours.Trainer(accelerator="cpu", devices=2, strategy="ddp", plugins=[LightningEnvironment()],
-                                   logger=False)
+    trainer = package.ours.Trainer(
+        accelerator="cpu", devices=2, strategy="ddp", plugins=[LightningEnvironment()], logger=False
+    )
     assert type(trainer.strategy.cluster_environment) is LightningEnvironment
 
 
@@ -268,8 +356,14 @@ def test_a_trainer_outside_any_launcher_starts_no_mpi_and_opens_no_listening_soc
     # singleton starts an orted and listens on every interface. Shown for Lightning's Trainer, then for ours.
     seen = {}
     for trainer in ("lightning", "ours"):
-        done = subprocess.run([sys.executable, "-c", _TRAINER_AND_ITS_LISTENERS, trainer], cwd=tmp_path,
-                              env=job_environment(), capture_output=True, text=True, timeout=120)
+        done = subprocess.run(
+            [sys.executable, "-c", _TRAINER_AND_ITS_LISTENERS, trainer],
+            cwd=tmp_path,
+            env=job_environment(),
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         assert done.returncode == 0, done.stderr[-3000:]
         seen[trainer] = done.stdout.split()[-3:]
     assert seen["lightning"][:2] == ["LightningEnvironment", "True"], seen
@@ -278,8 +372,15 @@ def test_a_trainer_outside_any_launcher_starts_no_mpi_and_opens_no_listening_soc
 
 
 # Rank 1 of 2 started by LSF's jsrun (Spectrum MPI sets OMPI_COMM_WORLD_* too); LSB_DJOB_RANKFILE is set per test.
-JSRUN = {"LSB_JOBID": "4242", "JSM_NAMESPACE_RANK": "1", "JSM_NAMESPACE_LOCAL_RANK": "1", "JSM_NAMESPACE_SIZE": "2",
-         "OMPI_COMM_WORLD_RANK": "1", "OMPI_COMM_WORLD_SIZE": "2", "OMPI_COMM_WORLD_LOCAL_RANK": "1"}
+JSRUN = {
+    "LSB_JOBID": "4242",
+    "JSM_NAMESPACE_RANK": "1",
+    "JSM_NAMESPACE_LOCAL_RANK": "1",
+    "JSM_NAMESPACE_SIZE": "2",
+    "OMPI_COMM_WORLD_RANK": "1",
+    "OMPI_COMM_WORLD_SIZE": "2",
+    "OMPI_COMM_WORLD_LOCAL_RANK": "1",
+}
 
 
 def _jsrun_variables(tmp_path: Path) -> dict[str, str]:
@@ -300,9 +401,15 @@ def test_a_jsrun_task_that_inherited_slurm_variables_is_lsfs(launcher_env, tmp_p
 
 
 class SiteLauncherEnvironment(LauncherEnvironment):
-    variables = LauncherVariables(detect=("SITE_RANK", "SITE_SIZE", "SITE_LOCAL_RANK"), rank="SITE_RANK",
-                                  world_size="SITE_SIZE", local_rank="SITE_LOCAL_RANK", node_count="SITE_NODES",
-                                  local_size="SITE_LOCAL_SIZE", identity=(("SITE_JOB_ID",),))
+    variables = LauncherVariables(
+        detect=("SITE_RANK", "SITE_SIZE", "SITE_LOCAL_RANK"),
+        rank="SITE_RANK",
+        world_size="SITE_SIZE",
+        local_rank="SITE_LOCAL_RANK",
+        node_count="SITE_NODES",
+        local_size="SITE_LOCAL_SIZE",
+        identity=(("SITE_JOB_ID",),),
+    )
 
 
 SITE = {"SITE_RANK": "3", "SITE_SIZE": "8", "SITE_LOCAL_RANK": "1", "SITE_JOB_ID": "77"}
@@ -320,8 +427,9 @@ def test_a_registered_environment_is_detected_before_the_schedulers(launcher_env
     assert detection_order()[:3] == (TorchElasticEnvironment, SiteLauncherEnvironment, LSFEnvironment)
     launcher_env({**SBATCH_STEP, **OPENMPI, **SITE})  # the site's launcher inside sbatch, an mpirun's variables too
     assert detect_cluster_environment() is SiteLauncherEnvironment
-    trainer = Trainer(accelerator="cpu", devices=2, num_nodes=4, strategy="ddp", logger=False,
-                      torch_dist_init_method="env://")
+    trainer = Trainer(
+        accelerator="cpu", devices=2, num_nodes=4, strategy="ddp", logger=False, torch_dist_init_method="env://"
+    )
     cluster = trainer.strategy.cluster_environment
     assert type(cluster) is SiteLauncherEnvironment and (cluster.global_rank(), cluster.world_size()) == (3, 8)
     # A LauncherEnvironment is either package's ClusterEnvironment through ABC.register, which mypy cannot see.
@@ -332,8 +440,11 @@ def test_a_registered_environment_is_detected_before_the_schedulers(launcher_env
 def test_registration_takes_a_place_and_refuses_to_replace_silently(detection_order_restored):
     register_cluster_environment(SiteLauncherEnvironment, before=SLURMEnvironment)
     assert detection_order()[-2:] == (SiteLauncherEnvironment, SLURMEnvironment)
-    with pytest.raises(ValueError, match=r"SiteLauncherEnvironment is already in the detection order \(position 7 "
-                                         r"of .*\). Pass replace=True"):
+    with pytest.raises(
+        ValueError,
+        match=r"SiteLauncherEnvironment is already in the detection order \(position 7 "
+        r"of .*\). Pass replace=True",
+    ):
         register_cluster_environment(SiteLauncherEnvironment)
 
     class OpenMPIEnvironment(LauncherEnvironment):  # a site's fix, under the built-in's name
@@ -363,22 +474,41 @@ def test_the_classes_and_the_detection_order_are_made_from_the_launcher_tables(d
     assert PALSEnvironment.__doc__.startswith("Processes started by HPE PALS's ``mpiexec`` inside a PBS Pro job.")
     assert PALSEnvironment.__module__ == "lightning_dist_hooks.environments"
     register_cluster_environment(SiteLauncherEnvironment, before=OpenMPIEnvironment)  # a class: its table joins too
-    assert [table.name for table in launchers()] == ["FluxEnvironment", "PALSEnvironment", "",
-                                                      "OpenMPIEnvironment", "MVAPICH2Environment", "HydraEnvironment"]
+    assert [table.name for table in launchers()] == [
+        "FluxEnvironment",
+        "PALSEnvironment",
+        "",
+        "OpenMPIEnvironment",
+        "MVAPICH2Environment",
+        "HydraEnvironment",
+    ]
 
 
 # A site's MPI launcher, added by its table alone: what the scheduler sets in each of 8 ranks, 2 on each of 4 nodes.
 SITE_MPI_TABLE = LauncherVariables(
-    detect=("SITEMPI_RANK", "SITEMPI_SIZE", "SITEMPI_LOCAL_RANK"), rank="SITEMPI_RANK", world_size="SITEMPI_SIZE",
-    local_rank="SITEMPI_LOCAL_RANK", local_size="SITEMPI_LOCAL_SIZE", identity=(("SITEMPI_JOB",),),
-    name="SiteMPIEnvironment", about="Processes started by the site's own MPI launcher.", mpi=True)
-SITE_MPI = {"SITEMPI_RANK": "3", "SITEMPI_SIZE": "8", "SITEMPI_LOCAL_RANK": "1", "SITEMPI_LOCAL_SIZE": "2",
-            "SITEMPI_JOB": "j-77"}
+    detect=("SITEMPI_RANK", "SITEMPI_SIZE", "SITEMPI_LOCAL_RANK"),
+    rank="SITEMPI_RANK",
+    world_size="SITEMPI_SIZE",
+    local_rank="SITEMPI_LOCAL_RANK",
+    local_size="SITEMPI_LOCAL_SIZE",
+    identity=(("SITEMPI_JOB",),),
+    name="SiteMPIEnvironment",
+    about="Processes started by the site's own MPI launcher.",
+    mpi=True,
+)
+SITE_MPI = {
+    "SITEMPI_RANK": "3",
+    "SITEMPI_SIZE": "8",
+    "SITEMPI_LOCAL_RANK": "1",
+    "SITEMPI_LOCAL_SIZE": "2",
+    "SITEMPI_JOB": "j-77",
+}
 
 
 @pytest.mark.unit
 def test_a_launcher_registered_by_its_table_gets_detection_the_size_checks_and_the_mpi_transport(
-        launcher_env, detection_order_restored):
+    launcher_env, detection_order_restored
+):
     SiteMPIEnvironment = register_launcher(SITE_MPI_TABLE)
     assert issubclass(SiteMPIEnvironment, LauncherEnvironment) and SiteMPIEnvironment.__name__ == "SiteMPIEnvironment"
     assert SiteMPIEnvironment.__module__ == __name__ and SiteMPIEnvironment.variables is SITE_MPI_TABLE
@@ -447,27 +577,47 @@ def test_node_rank_is_derived_from_the_node_count_else_the_local_size(launcher_e
 
 
 @pytest.mark.unit
-@pytest.mark.parametrize(("environment", "variables"),
-                         [(OpenMPIEnvironment, OPENMPI), (HydraEnvironment, HYDRA), (MVAPICH2Environment, MVAPICH2),
-                          (PALSEnvironment, PALS)])
+@pytest.mark.parametrize(
+    ("environment", "variables"),
+    [
+        (OpenMPIEnvironment, OPENMPI),
+        (HydraEnvironment, HYDRA),
+        (MVAPICH2Environment, MVAPICH2),
+        (PALSEnvironment, PALS),
+    ],
+)
 def test_the_mpi_transport_reads_the_same_tables(launcher_env, environment, variables):
     launcher_env(variables)
     cluster = environment()
     launch = mpi.detect_mpi_launch()
     assert launch is not None
-    assert (launch.rank, launch.world_size, launch.local_rank) == (cluster.global_rank(), cluster.world_size(),
-                                                                   cluster.local_rank())
+    assert (launch.rank, launch.world_size, launch.local_rank) == (
+        cluster.global_rank(),
+        cluster.world_size(),
+        cluster.local_rank(),
+    )
     assert launch.local_world_size == 2
 
 
 @pytest.mark.unit
 def test_the_scrub_list_covers_every_launcher_variable():
     tables = {environment.__name__: environment.variables.names() for environment in LAUNCHER_ENVIRONMENTS}
-    lightnings = {"SLURM": SRUN, "torchrun": {"TORCHELASTIC_RUN_ID": "", "RANK": "", "LOCAL_RANK": "", "WORLD_SIZE": "",
-                                              "GROUP_RANK": "", "LOCAL_WORLD_SIZE": "", "MASTER_ADDR": "",
-                                              "MASTER_PORT": "", "TORCHELASTIC_RESTART_COUNT": ""},
-                  "jsrun": {**JSRUN, "LSB_DJOB_RANKFILE": ""},
-                  "Lightning": {"NODE_RANK": "", LAUNCH_TOKEN_VARIABLE: ""}}
+    lightnings = {
+        "SLURM": SRUN,
+        "torchrun": {
+            "TORCHELASTIC_RUN_ID": "",
+            "RANK": "",
+            "LOCAL_RANK": "",
+            "WORLD_SIZE": "",
+            "GROUP_RANK": "",
+            "LOCAL_WORLD_SIZE": "",
+            "MASTER_ADDR": "",
+            "MASTER_PORT": "",
+            "TORCHELASTIC_RESTART_COUNT": "",
+        },
+        "jsrun": {**JSRUN, "LSB_DJOB_RANKFILE": ""},
+        "Lightning": {"NODE_RANK": "", LAUNCH_TOKEN_VARIABLE: ""},
+    }
     for name, variables in [*tables.items(), *((name, set(env)) for name, env in lightnings.items())]:
         assert not [variable for variable in variables if not is_launcher_variable(variable)], name
     assert not is_launcher_variable("PATH") and not is_launcher_variable("GLOO_SOCKET_IFNAME")
@@ -502,7 +652,9 @@ def _assert_emulated_fit(result, environment: str, rendezvous_dir: Path, identit
         assert (record["environment"], record["world_size"], record["local_rank"]) == (environment, 2, rank)
         (call,) = record["setup_calls"]
         assert call["rank"] == rank and call["rendezvous_file_mode"] == "0o600"
-        assert call["init_method"].startswith(f"file://{rendezvous_dir}/ldh-uid-{os.geteuid()}/ldh-rendezvous-{identity_part}")
+        assert call["init_method"].startswith(
+            f"file://{rendezvous_dir}/ldh-uid-{os.geteuid()}/ldh-rendezvous-{identity_part}"
+        )
     result.same_on_all_ranks("weights_sha256")
     result.same_on_all_ranks("store")
     assert list(rendezvous_dir.iterdir()) == []
@@ -512,15 +664,26 @@ def _run_emulated(per_rank, tmp_path, rendezvous_dir, *extra_flags: str):
     # MASTER_ADDR/MASTER_PORT point nowhere: a file:// rendezvous must not read them.
     def environment(rank: int) -> dict[str, str]:
         return {**per_rank(rank), "MASTER_ADDR": "192.0.2.1", "MASTER_PORT": "1"}
+
     flags = [*FIT_FLAGS, "--init-method", f"file://{rendezvous_dir}/", *extra_flags]
     return run_ranks([job_environment(**environment(rank)) for rank in range(2)], flags, tmp_path / "out", tmp_path)
 
 
 @pytest.mark.slow
 def test_emulated_flux_run(tmp_path, rendezvous_dir):
-    result = _run_emulated(lambda rank: {"FLUX_TASK_RANK": str(rank), "FLUX_TASK_LOCAL_ID": str(rank),
-                                         "FLUX_JOB_SIZE": "2", "FLUX_JOB_NNODES": "1", "FLUX_JOB_ID": "ƒ2Bt7T6Cw",
-                                         "PMI_RANK": str(rank), "PMI_SIZE": "2"}, tmp_path, rendezvous_dir)
+    result = _run_emulated(
+        lambda rank: {
+            "FLUX_TASK_RANK": str(rank),
+            "FLUX_TASK_LOCAL_ID": str(rank),
+            "FLUX_JOB_SIZE": "2",
+            "FLUX_JOB_NNODES": "1",
+            "FLUX_JOB_ID": "ƒ2Bt7T6Cw",
+            "PMI_RANK": str(rank),
+            "PMI_SIZE": "2",
+        },
+        tmp_path,
+        rendezvous_dir,
+    )
     _assert_emulated_fit(result, "FluxEnvironment", rendezvous_dir, "FLUX_JOB_ID-2Bt7T6Cw")
 
 
@@ -528,10 +691,22 @@ def test_emulated_flux_run(tmp_path, rendezvous_dir):
 def test_emulated_pbs_pals_mpiexec_through_plugins(tmp_path, rendezvous_dir):
     nodefile = tmp_path / "nodefile"
     nodefile.write_text("127.0.0.1\n127.0.0.1\n")
-    result = _run_emulated(lambda rank: {"PALS_RANKID": str(rank), "PALS_LOCAL_RANKID": str(rank), "PALS_NODEID": "0",
-                                         "PALS_APID": "7f1c-aa", "PMI_RANK": str(rank), "PMI_SIZE": "2",
-                                         "PBS_JOBID": "1234.pbs01", "PBS_NODEFILE": str(nodefile)},
-                           tmp_path, rendezvous_dir, "--cluster-environment", "PALSEnvironment")
+    result = _run_emulated(
+        lambda rank: {
+            "PALS_RANKID": str(rank),
+            "PALS_LOCAL_RANKID": str(rank),
+            "PALS_NODEID": "0",
+            "PALS_APID": "7f1c-aa",
+            "PMI_RANK": str(rank),
+            "PMI_SIZE": "2",
+            "PBS_JOBID": "1234.pbs01",
+            "PBS_NODEFILE": str(nodefile),
+        },
+        tmp_path,
+        rendezvous_dir,
+        "--cluster-environment",
+        "PALSEnvironment",
+    )
     _assert_emulated_fit(result, "PALSEnvironment", rendezvous_dir, "PBS_JOBID-1234.pbs01-PALS_APID-7f1c-aa")
 
 
@@ -540,20 +715,40 @@ def test_emulated_lsf_jsrun(tmp_path, rendezvous_dir):
     # jsrun with Spectrum MPI sets OMPI_COMM_WORLD_* too; Lightning's LSFEnvironment must still win.
     rankfile = tmp_path / "rankfile"
     rankfile.write_text(f"launchnode\n{socket.gethostname()}\n{socket.gethostname()}\n")
-    result = _run_emulated(lambda rank: {"LSB_JOBID": "4242", "LSB_DJOB_RANKFILE": str(rankfile),
-                                         "JSM_NAMESPACE_RANK": str(rank), "JSM_NAMESPACE_LOCAL_RANK": str(rank),
-                                         "JSM_NAMESPACE_SIZE": "2", "OMPI_COMM_WORLD_RANK": str(rank),
-                                         "OMPI_COMM_WORLD_SIZE": "2", "OMPI_COMM_WORLD_LOCAL_RANK": str(rank)},
-                           tmp_path, rendezvous_dir)
+    result = _run_emulated(
+        lambda rank: {
+            "LSB_JOBID": "4242",
+            "LSB_DJOB_RANKFILE": str(rankfile),
+            "JSM_NAMESPACE_RANK": str(rank),
+            "JSM_NAMESPACE_LOCAL_RANK": str(rank),
+            "JSM_NAMESPACE_SIZE": "2",
+            "OMPI_COMM_WORLD_RANK": str(rank),
+            "OMPI_COMM_WORLD_SIZE": "2",
+            "OMPI_COMM_WORLD_LOCAL_RANK": str(rank),
+        },
+        tmp_path,
+        rendezvous_dir,
+    )
     _assert_emulated_fit(result, "LSFEnvironment", rendezvous_dir, "LSB_JOBID-4242")
 
 
 @pytest.mark.slow
 def test_emulated_mvapich2_mpirun_rsh_inside_an_sbatch_job(tmp_path, rendezvous_dir):
     # The batch step's SLURM_* are inherited (SLURM_PROCID=0 on both ranks): MVAPICH2's own variables must win.
-    result = _run_emulated(lambda rank: {**SBATCH_STEP, "SLURM_NTASKS": "2", "SLURM_NTASKS_PER_NODE": "2",
-                                         "SLURM_PROCID": "0", "SLURM_LOCALID": "0", "SLURM_NODEID": "0",
-                                         "MV2_COMM_WORLD_RANK": str(rank), "MV2_COMM_WORLD_SIZE": "2",
-                                         "MV2_COMM_WORLD_LOCAL_RANK": str(rank), "MV2_COMM_WORLD_LOCAL_SIZE": "2"},
-                           tmp_path, rendezvous_dir)
+    result = _run_emulated(
+        lambda rank: {
+            **SBATCH_STEP,
+            "SLURM_NTASKS": "2",
+            "SLURM_NTASKS_PER_NODE": "2",
+            "SLURM_PROCID": "0",
+            "SLURM_LOCALID": "0",
+            "SLURM_NODEID": "0",
+            "MV2_COMM_WORLD_RANK": str(rank),
+            "MV2_COMM_WORLD_SIZE": "2",
+            "MV2_COMM_WORLD_LOCAL_RANK": str(rank),
+            "MV2_COMM_WORLD_LOCAL_SIZE": "2",
+        },
+        tmp_path,
+        rendezvous_dir,
+    )
     _assert_emulated_fit(result, "MVAPICH2Environment", rendezvous_dir, "SLURM_JOB_ID-42")

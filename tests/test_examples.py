@@ -30,8 +30,10 @@ def test_file_rendezvous_example_trains_equal_weights_and_cleans_up(tmp_path):
     rendezvous_dir = tmp_path / "shared"
     rendezvous_dir.mkdir()
     result = run_example("ddp_file_rendezvous.py", tmp_path, "--rendezvous-dir", str(rendezvous_dir)).assert_ok()
-    assert (f"ranks=2 backend=gloo init_method=file://{rendezvous_dir}/ldh-uid-{os.geteuid()}/rendezvous "
-            "weights_equal_on_all_ranks=True") in result.output
+    assert (
+        f"ranks=2 backend=gloo init_method=file://{rendezvous_dir}/ldh-uid-{os.geteuid()}/rendezvous "
+        "weights_equal_on_all_ranks=True"
+    ) in result.output
     assert final_loss(result.output) < 0.2
     assert list(rendezvous_dir.iterdir()) == []
 
@@ -55,8 +57,11 @@ def test_lightning_package_example_trains_with_the_unified_package(tmp_path):
     rendezvous_dir = tmp_path / "shared"
     rendezvous_dir.mkdir()
     result = run_example("lightning_package.py", tmp_path, "--rendezvous-dir", str(rendezvous_dir)).assert_ok()
-    assert re.search(rf"package=lightning ranks=2 backend=gloo init_method=file://{rendezvous_dir}/ldh-uid-{os.geteuid()}/"
-                     r"ldh-rendezvous-\S+ weights_equal_on_all_ranks=True", result.output), result.output[-3000:]
+    assert re.search(
+        rf"package=lightning ranks=2 backend=gloo init_method=file://{rendezvous_dir}/ldh-uid-{os.geteuid()}/"
+        r"ldh-rendezvous-\S+ weights_equal_on_all_ranks=True",
+        result.output,
+    ), result.output[-3000:]
     assert list(rendezvous_dir.iterdir()) == []
 
 
@@ -65,23 +70,38 @@ def test_fabric_example_uses_its_hook_its_sampler_and_a_per_launch_file(tmp_path
     rendezvous_dir.mkdir()
     result = run_example("fabric_custom_sampler.py", tmp_path, "--rendezvous-dir", str(rendezvous_dir)).assert_ok()
     for rank in (0, 1):
-        assert re.search(rf"rank {rank}: init_process_group\('gloo', 'file://{rendezvous_dir}/ldh-uid-{os.geteuid()}/"
-                         r"ldh-rendezvous-\S+', world_size=2\)", result.output), result.output[-3000:]
+        assert re.search(
+            rf"rank {rank}: init_process_group\('gloo', 'file://{rendezvous_dir}/ldh-uid-{os.geteuid()}/"
+            r"ldh-rendezvous-\S+', world_size=2\)",
+            result.output,
+        ), result.output[-3000:]
     # 256 samples per epoch in all: each rank read its own half, through the sampler the example built.
-    assert re.search(r"fabric ranks=2 backend=gloo .* samples_per_epoch=256 weights_equal_on_all_ranks=True",
-                     result.output)
+    assert re.search(
+        r"fabric ranks=2 backend=gloo .* samples_per_epoch=256 weights_equal_on_all_ranks=True", result.output
+    )
     assert list(rendezvous_dir.iterdir()) == []
 
 
 def test_lightning_cli_example_takes_our_flags_as_trainer_options(tmp_path):
     rendezvous_dir = tmp_path / "shared"
     rendezvous_dir.mkdir()
-    result = run_example("lightning_cli.py", tmp_path, "fit", "--trainer.accelerator=cpu", "--trainer.devices=2",
-                         "--trainer.strategy=ddp", "--trainer.max_epochs=2", "--trainer.logger=false",
-                         "--trainer.torch_dist_backend=gloo",
-                         f"--trainer.torch_dist_init_method=file://{rendezvous_dir}/").assert_ok()
-    assert re.search(rf"cli ranks=2 backend=gloo init_method=file://{rendezvous_dir}/ldh-uid-{os.geteuid()}/"
-                     r"ldh-rendezvous-", result.output)
+    result = run_example(
+        "lightning_cli.py",
+        tmp_path,
+        "fit",
+        "--trainer.accelerator=cpu",
+        "--trainer.devices=2",
+        "--trainer.strategy=ddp",
+        "--trainer.max_epochs=2",
+        "--trainer.logger=false",
+        "--trainer.torch_dist_backend=gloo",
+        f"--trainer.torch_dist_init_method=file://{rendezvous_dir}/",
+    ).assert_ok()
+    assert re.search(
+        rf"cli ranks=2 backend=gloo init_method=file://{rendezvous_dir}/ldh-uid-{os.geteuid()}/"
+        r"ldh-rendezvous-",
+        result.output,
+    )
     assert list(rendezvous_dir.iterdir()) == []
 
 
@@ -96,7 +116,8 @@ def test_mpirun_mpi_transport_example_trains_over_mpi_with_no_listening_socket(t
     assert final_loss(result.output) < 0.2
     for rank in (0, 1):
         assert re.search(rf"^rank {rank} \(pid \d+\): listening TCP sockets: none$", result.output, re.MULTILINE), (
-            result.output[-3000:])
+            result.output[-3000:]
+        )
 
 
 @pytest.mark.mpi
@@ -113,8 +134,17 @@ def test_mpirun_gloo_mpi_rendezvous_example_trains_with_gloo_meeting_over_mpi(tm
 
 
 # A job's states once it has ended (squeue(1), JOB STATE CODES); before, it is PENDING, RUNNING, COMPLETING...
-SLURM_END_STATES = {"BOOT_FAIL", "CANCELLED", "COMPLETED", "DEADLINE", "FAILED", "NODE_FAIL", "OUT_OF_MEMORY",
-                    "PREEMPTED", "TIMEOUT"}
+SLURM_END_STATES = {
+    "BOOT_FAIL",
+    "CANCELLED",
+    "COMPLETED",
+    "DEADLINE",
+    "FAILED",
+    "NODE_FAIL",
+    "OUT_OF_MEMORY",
+    "PREEMPTED",
+    "TIMEOUT",
+}
 SLURM_JOB_TIMEOUT_S = 240
 
 
@@ -122,12 +152,22 @@ def submit_slurm_job(tmp_path, rendezvous_dir):
     """``sbatch examples/slurm_job.sbatch`` on the test SLURM, 1 node, 2 tasks, waited for: (the batch script's exit
     code, the job's output)."""
     log = tmp_path / "job.out"
-    env = {**slurm_environment(), "RENDEZVOUS_DIR": str(rendezvous_dir), "PYTHON": sys.executable,
-           "EXAMPLES_DIR": str(REPO / "examples")}
-    command = ["sbatch", "--nodes=1", "--ntasks-per-node=2", f"--output={log}",
-               str(REPO / "examples" / "slurm_job.sbatch")]
-    submitted = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60,
-                               stdin=subprocess.DEVNULL)
+    env = {
+        **slurm_environment(),
+        "RENDEZVOUS_DIR": str(rendezvous_dir),
+        "PYTHON": sys.executable,
+        "EXAMPLES_DIR": str(REPO / "examples"),
+    }
+    command = [
+        "sbatch",
+        "--nodes=1",
+        "--ntasks-per-node=2",
+        f"--output={log}",
+        str(REPO / "examples" / "slurm_job.sbatch"),
+    ]
+    submitted = subprocess.run(
+        command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL
+    )
     job = re.search(r"Submitted batch job (\d+)", submitted.stdout)
     assert submitted.returncode == 0 and job, submitted.stdout + submitted.stderr
     state, exit_code = wait_for_slurm_job(job.group(1), SLURM_JOB_TIMEOUT_S)
@@ -142,8 +182,9 @@ def wait_for_slurm_job(job_id: str, timeout_s: float) -> tuple[str, int]:
     so a job of 11 s took it 42 s. A job still running after ``timeout_s`` is cancelled."""
     deadline = time.monotonic() + timeout_s
     while True:
-        record = subprocess.run(["scontrol", "--oneliner", "show", "job", job_id], capture_output=True, text=True,
-                                timeout=30).stdout
+        record = subprocess.run(
+            ["scontrol", "--oneliner", "show", "job", job_id], capture_output=True, text=True, timeout=30
+        ).stdout
         state = re.search(r"\bJobState=(\S+)", record)
         if state and state.group(1) in SLURM_END_STATES:
             break
@@ -166,9 +207,13 @@ def test_slurm_job_runs_the_doctor_then_trains_through_a_dir_rendezvous(slurm_cl
     assert "lightning-dist-hooks doctor: 2 ranks, backend gloo, init method dir://" in output
     assert re.search(r"^every check passed$", output, re.MULTILINE), output[-6000:]
     # Step 0 was the doctor, step 1 trains: each step meets in a rendezvous of its own, named after the job and step.
-    assert re.search(rf"^ranks=2 backend=gloo init_method=dir://{rendezvous_dir}/ldh-uid-{os.geteuid()}/"
-                     r"ldh-rendezvous-SLURM_JOB_ID-\d+-SLURM_STEP_ID-1-\S+ weights_equal_on_all_ranks=True "
-                     r"final_loss=0\.\d+$", output, re.MULTILINE), output[-6000:]
+    assert re.search(
+        rf"^ranks=2 backend=gloo init_method=dir://{rendezvous_dir}/ldh-uid-{os.geteuid()}/"
+        r"ldh-rendezvous-SLURM_JOB_ID-\d+-SLURM_STEP_ID-1-\S+ weights_equal_on_all_ranks=True "
+        r"final_loss=0\.\d+$",
+        output,
+        re.MULTILINE,
+    ), output[-6000:]
     assert list(rendezvous_dir.iterdir()) == []
 
 

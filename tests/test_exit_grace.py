@@ -19,9 +19,16 @@ PAIRS = 20
 def test_ranks_that_end_on_an_all_reduce_all_exit_0():
     for _ in range(PAIRS):
         init_method = f"tcp://127.0.0.1:{free_port()}"
-        ranks = [subprocess.Popen([sys.executable, str(LAST_COLLECTIVE_JOB), str(rank), init_method, "--grace"],
-                                  env=job_environment(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-                 for rank in (0, 1)]
+        ranks = [
+            subprocess.Popen(
+                [sys.executable, str(LAST_COLLECTIVE_JOB), str(rank), init_method, "--grace"],
+                env=job_environment(),
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+            for rank in (0, 1)
+        ]
         for rank in ranks:
             _, stderr = rank.communicate(timeout=120)
             assert rank.returncode == 0, f"a rank exited {rank.returncode} after its run completed:\n{stderr[-2000:]}"

@@ -52,8 +52,13 @@ def assert_two_rank_run(result: JobResult, package, environment: str, backend: s
 
 
 def run(command: list[str], tmp_path: Path, env: dict | None = None) -> JobResult:
-    return run_command(["timeout", str(TIMEOUT), *command], cwd=tmp_path, out_dir=tmp_path / "out",
-                       timeout=TIMEOUT + 30, env=env or job_environment())
+    return run_command(
+        ["timeout", str(TIMEOUT), *command],
+        cwd=tmp_path,
+        out_dir=tmp_path / "out",
+        timeout=TIMEOUT + 30,
+        env=env or job_environment(),
+    )
 
 
 @pytest.mark.unit
@@ -72,12 +77,19 @@ def test_flags_are_checked_at_construction_with_the_trainers_messages(package):
 @pytest.mark.unit
 @both_packages
 def test_flags_reach_the_strategy_and_the_fabric_stays_lightnings(package, tmp_path):
-    fabric = package.ours.Fabric(accelerator="cpu", devices=2, strategy="ddp", torch_dist_backend="GLOO",
-                                 torch_dist_init_method=f"file://{tmp_path}/rdzv")
+    fabric = package.ours.Fabric(
+        accelerator="cpu",
+        devices=2,
+        strategy="ddp",
+        torch_dist_backend="GLOO",
+        torch_dist_init_method=f"file://{tmp_path}/rdzv",
+    )
     assert isinstance(fabric, package.fabric.Fabric)
     # The file really used: inside this user's private directory (docs/security.md).
     assert (fabric.torch_dist_backend, fabric.torch_dist_init_method) == (
-        "gloo", f"file://{tmp_path}/ldh-uid-{os.geteuid()}/rdzv")
+        "gloo",
+        f"file://{tmp_path}/ldh-uid-{os.geteuid()}/rdzv",
+    )
     assert isinstance(fabric.strategy, package.fabric.strategies.DDPStrategy)
     assert fabric.strategy.process_group_backend == "gloo"
 
@@ -86,11 +98,17 @@ def test_flags_reach_the_strategy_and_the_fabric_stays_lightnings(package, tmp_p
 @pytest.mark.compat
 @pytest.mark.parametrize("package", BOTH, ids=[package.name for package in BOTH])
 def test_lightnings_launcher_with_a_per_launch_file(package, tmp_path, rendezvous_dir):
-    command = fabric_command(package, tmp_path / "out", "--backend", "gloo", "--setup-hook",
-                             "--init-method", f"file://{rendezvous_dir}/")
+    command = fabric_command(
+        package, tmp_path / "out", "--backend", "gloo", "--setup-hook", "--init-method", f"file://{rendezvous_dir}/"
+    )
     result = run(command, tmp_path)
-    assert_two_rank_run(result, package, "LightningEnvironment", "gloo",
-                        f"file://{rendezvous_dir}/ldh-uid-{os.geteuid()}/ldh-rendezvous-LIGHTNING_DIST_HOOKS_LAUNCH_TOKEN-")
+    assert_two_rank_run(
+        result,
+        package,
+        "LightningEnvironment",
+        "gloo",
+        f"file://{rendezvous_dir}/ldh-uid-{os.geteuid()}/ldh-rendezvous-LIGHTNING_DIST_HOOKS_LAUNCH_TOKEN-",
+    )
     assert list(rendezvous_dir.iterdir()) == []
     # Lightning's own bootstrap line, as a user without our flags sees it.
     assert "Initializing distributed: GLOBAL_RANK: 0, MEMBER: 1/2" in result.output
@@ -99,20 +117,53 @@ def test_lightnings_launcher_with_a_per_launch_file(package, tmp_path, rendezvou
 
 @pytest.mark.slow
 def test_ddp_spawn_pickles_the_setup_hook_to_the_children(tmp_path, rendezvous_dir):
-    command = fabric_command(LIGHTNING, tmp_path / "out", "--strategy", "ddp_spawn", "--backend", "gloo",
-                             "--setup-hook", "--init-method", f"file://{rendezvous_dir}/")
-    assert_two_rank_run(run(command, tmp_path), LIGHTNING, "LightningEnvironment", "gloo",
-                        f"file://{rendezvous_dir}/ldh-uid-{os.geteuid()}/ldh-rendezvous-LIGHTNING_DIST_HOOKS_LAUNCH_TOKEN-")
+    command = fabric_command(
+        LIGHTNING,
+        tmp_path / "out",
+        "--strategy",
+        "ddp_spawn",
+        "--backend",
+        "gloo",
+        "--setup-hook",
+        "--init-method",
+        f"file://{rendezvous_dir}/",
+    )
+    assert_two_rank_run(
+        run(command, tmp_path),
+        LIGHTNING,
+        "LightningEnvironment",
+        "gloo",
+        f"file://{rendezvous_dir}/ldh-uid-{os.geteuid()}/ldh-rendezvous-LIGHTNING_DIST_HOOKS_LAUNCH_TOKEN-",
+    )
     assert list(rendezvous_dir.iterdir()) == []
 
 
 @pytest.mark.slow
 def test_torchrun(tmp_path, rendezvous_dir):
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-               *fabric_command(PYTORCH_LIGHTNING, tmp_path / "out", "--backend", "gloo", "--setup-hook",
-                               "--init-method", f"file://{rendezvous_dir}/")[1:]]
-    assert_two_rank_run(run(command, tmp_path), PYTORCH_LIGHTNING, "TorchElasticEnvironment", "gloo",
-                        f"file://{rendezvous_dir}/ldh-uid-{os.geteuid()}/ldh-rendezvous-TORCHELASTIC_RUN_ID-")
+    command = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node",
+        "2",
+        *fabric_command(
+            PYTORCH_LIGHTNING,
+            tmp_path / "out",
+            "--backend",
+            "gloo",
+            "--setup-hook",
+            "--init-method",
+            f"file://{rendezvous_dir}/",
+        )[1:],
+    ]
+    assert_two_rank_run(
+        run(command, tmp_path),
+        PYTORCH_LIGHTNING,
+        "TorchElasticEnvironment",
+        "gloo",
+        f"file://{rendezvous_dir}/ldh-uid-{os.geteuid()}/ldh-rendezvous-TORCHELASTIC_RUN_ID-",
+    )
     assert list(rendezvous_dir.iterdir()) == []
 
 
@@ -120,10 +171,25 @@ def test_torchrun(tmp_path, rendezvous_dir):
 @pytest.mark.mpi
 @needs_openmpi
 def test_openmpi_mpirun(tmp_path, rendezvous_dir):
-    command = [*openmpi_run(), *fabric_command(LIGHTNING, tmp_path / "out", "--backend", "gloo", "--setup-hook",
-                                             "--init-method", f"file://{rendezvous_dir}/")]
-    assert_two_rank_run(run(command, tmp_path), LIGHTNING, "OpenMPIEnvironment", "gloo",
-                        f"file://{rendezvous_dir}/ldh-uid-{os.geteuid()}/ldh-rendezvous-PMIX_NAMESPACE-")
+    command = [
+        *openmpi_run(),
+        *fabric_command(
+            LIGHTNING,
+            tmp_path / "out",
+            "--backend",
+            "gloo",
+            "--setup-hook",
+            "--init-method",
+            f"file://{rendezvous_dir}/",
+        ),
+    ]
+    assert_two_rank_run(
+        run(command, tmp_path),
+        LIGHTNING,
+        "OpenMPIEnvironment",
+        "gloo",
+        f"file://{rendezvous_dir}/ldh-uid-{os.geteuid()}/ldh-rendezvous-PMIX_NAMESPACE-",
+    )
     assert list(rendezvous_dir.iterdir()) == []
 
 
@@ -141,9 +207,28 @@ def test_openmpi_mpirun_with_the_mpi_transport(tmp_path):
 @pytest.mark.slow
 @pytest.mark.cluster
 def test_srun(slurm_cluster, tmp_path, rendezvous_dir):
-    command = ["srun", "-N1", "--ntasks-per-node=2", "-J", "ldhtest", "--kill-on-bad-exit=1",
-               *fabric_command(LIGHTNING, tmp_path / "out", "--backend", "gloo", "--setup-hook",
-                               "--init-method", f"file://{rendezvous_dir}/")]
-    assert_two_rank_run(run(command, tmp_path, env=slurm_environment()), LIGHTNING,
-                        "SLURMEnvironment", "gloo", f"file://{rendezvous_dir}/ldh-uid-{os.geteuid()}/ldh-rendezvous-SLURM_JOB_ID-")
+    command = [
+        "srun",
+        "-N1",
+        "--ntasks-per-node=2",
+        "-J",
+        "ldhtest",
+        "--kill-on-bad-exit=1",
+        *fabric_command(
+            LIGHTNING,
+            tmp_path / "out",
+            "--backend",
+            "gloo",
+            "--setup-hook",
+            "--init-method",
+            f"file://{rendezvous_dir}/",
+        ),
+    ]
+    assert_two_rank_run(
+        run(command, tmp_path, env=slurm_environment()),
+        LIGHTNING,
+        "SLURMEnvironment",
+        "gloo",
+        f"file://{rendezvous_dir}/ldh-uid-{os.geteuid()}/ldh-rendezvous-SLURM_JOB_ID-",
+    )
     assert list(rendezvous_dir.iterdir()) == []

@@ -66,18 +66,27 @@ def wait_until_gone(tmp_path: Path, rendezvous_dir: Path | None = None, within_s
 
 
 @pytest.mark.parametrize("kind", ["file", "dir", "tcp", "env"])
-def test_a_rank_that_never_arrives_times_out_naming_the_missing_rank(run_job, tmp_path, rendezvous_dir, free_port,
-                                                                      kind):
+def test_a_rank_that_never_arrives_times_out_naming_the_missing_rank(
+    run_job, tmp_path, rendezvous_dir, free_port, kind
+):
     # Two nodes of one device each, under Lightning's own launcher: the second node is never started.
-    init_method = {"file": f"file://{rendezvous_dir}/rendezvous", "dir": f"dir://{rendezvous_dir}/rendezvous",
-                   "tcp": f"tcp://127.0.0.1:{free_port}", "env": "env://"}[kind]
+    init_method = {
+        "file": f"file://{rendezvous_dir}/rendezvous",
+        "dir": f"dir://{rendezvous_dir}/rendezvous",
+        "tcp": f"tcp://127.0.0.1:{free_port}",
+        "env": "env://",
+    }[kind]
     # file:// and dir:// name the file really used, inside the per-user directory (issue 30), not the URL as given.
-    used = {"file": f"file://{rendezvous_dir}/ldh-uid-{os.geteuid()}/rendezvous",
-            "dir": f"dir://{rendezvous_dir}/ldh-uid-{os.geteuid()}/rendezvous"}.get(kind, init_method)
+    used = {
+        "file": f"file://{rendezvous_dir}/ldh-uid-{os.geteuid()}/rendezvous",
+        "dir": f"dir://{rendezvous_dir}/ldh-uid-{os.geteuid()}/rendezvous",
+    }.get(kind, init_method)
     result, elapsed = timed(run_job, *SHORT_FLAGS, "--devices", "1", "--num-nodes", "2", "--init-method", init_method)
     assert result.returncode != 0
-    assert (f"DistributedSetupError: rank 0 of 2 timed out after {TIMEOUT_S} s waiting for the rendezvous through "
-            f"{used}; ranks that never arrived: [1]") in result.output, result.output[-4000:]
+    assert (
+        f"DistributedSetupError: rank 0 of 2 timed out after {TIMEOUT_S} s waiting for the rendezvous through "
+        f"{used}; ranks that never arrived: [1]"
+    ) in result.output, result.output[-4000:]
     assert TIMEOUT_S <= elapsed < TIMEOUT_S + STARTUP_S
     wait_until_gone(tmp_path, rendezvous_dir)
 
@@ -89,12 +98,21 @@ def test_a_rendezvous_stuck_inside_torch_past_its_timeout_ends_the_rank_naming_i
         listener.bind(("127.0.0.1", 0))
         listener.listen(0)
         url = f"tcp://127.0.0.1:{listener.getsockname()[1]}"
-        flux_rank_1 = job_environment(FLUX_TASK_RANK="1", FLUX_TASK_LOCAL_ID="1", FLUX_JOB_SIZE="2",
-                                      FLUX_JOB_NNODES="1", FLUX_JOB_ID="f42stuck", PMI_RANK="1", PMI_SIZE="2")
+        flux_rank_1 = job_environment(
+            FLUX_TASK_RANK="1",
+            FLUX_TASK_LOCAL_ID="1",
+            FLUX_JOB_SIZE="2",
+            FLUX_JOB_NNODES="1",
+            FLUX_JOB_ID="f42stuck",
+            PMI_RANK="1",
+            PMI_SIZE="2",
+        )
         result, elapsed = timed(run_job, *SHORT_FLAGS, "--init-method", url, env=flux_rank_1)
     assert result.returncode == 1, result.output[-4000:]
-    assert (f"rank 1 of 2: the rendezvous through {url} has not returned 10 s after its {TIMEOUT_S} s timeout: it is "
-            "stuck inside torch") in result.output, result.output[-4000:]
+    assert (
+        f"rank 1 of 2: the rendezvous through {url} has not returned 10 s after its {TIMEOUT_S} s timeout: it is "
+        "stuck inside torch"
+    ) in result.output, result.output[-4000:]
     assert TIMEOUT_S + 10 <= elapsed < TIMEOUT_S + 10 + STARTUP_S
     wait_until_gone(tmp_path)
 
@@ -105,17 +123,30 @@ def test_a_rendezvous_file_cut_short_mid_record_ends_the_waiting_rank_naming_it(
     # a record header announcing 64 bytes and writes 3, under FileStore's lock, while rank 0 waits for rank 1.
     url = f"file://{rendezvous_dir}/rdzv"
     path = rendezvous_dir / f"ldh-uid-{os.geteuid()}" / "rdzv"
-    flux_rank_0 = job_environment(FLUX_TASK_RANK="0", FLUX_TASK_LOCAL_ID="0", FLUX_JOB_SIZE="2", FLUX_JOB_NNODES="1",
-                                  FLUX_JOB_ID="f42cut", PMI_RANK="0", PMI_SIZE="2")
+    flux_rank_0 = job_environment(
+        FLUX_TASK_RANK="0",
+        FLUX_TASK_LOCAL_ID="0",
+        FLUX_JOB_SIZE="2",
+        FLUX_JOB_NNODES="1",
+        FLUX_JOB_ID="f42cut",
+        PMI_RANK="0",
+        PMI_SIZE="2",
+    )
     started = time.monotonic()
     with open(tmp_path / "rank0.log", "w") as log:
-        rank_0 = subprocess.Popen([sys.executable, str(FIT_JOB), "--out", str(tmp_path / "out"), *SHORT_FLAGS,
-                                   "--init-method", url], cwd=tmp_path, env=flux_rank_0, stdout=log,
-                                  stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        rank_0 = subprocess.Popen(
+            [sys.executable, str(FIT_JOB), "--out", str(tmp_path / "out"), *SHORT_FLAGS, "--init-method", url],
+            cwd=tmp_path,
+            env=flux_rank_0,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+        )
         try:
             while not (path.exists() and path.stat().st_size > 0):  # rank 0's FileStore has written its first record
-                assert rank_0.poll() is None and time.monotonic() - started < STARTUP_S, \
-                    (tmp_path / "rank0.log").read_text()
+                assert rank_0.poll() is None and time.monotonic() - started < STARTUP_S, (
+                    tmp_path / "rank0.log"
+                ).read_text()
                 time.sleep(0.05)
             with open(path, "ab") as store:
                 fcntl.flock(store, fcntl.LOCK_EX)
@@ -125,15 +156,24 @@ def test_a_rendezvous_file_cut_short_mid_record_ends_the_waiting_rank_naming_it(
             rank_0.kill()
     output = (tmp_path / "rank0.log").read_text()
     assert returncode == 1, output[-4000:]
-    assert (f"rank 0 of 2: the rendezvous through file://{path} has not returned 10 s after its {TIMEOUT_S} s "
-            "timeout: it is stuck inside torch") in output, output[-4000:]
+    assert (
+        f"rank 0 of 2: the rendezvous through file://{path} has not returned 10 s after its {TIMEOUT_S} s "
+        "timeout: it is stuck inside torch"
+    ) in output, output[-4000:]
     wait_until_gone(tmp_path, rendezvous_dir)
 
 
 LAUNCHERS = {
     "lightning": lambda command: command,
-    "torchrun": lambda command: [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-                                 *command[1:]],
+    "torchrun": lambda command: [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node",
+        "2",
+        *command[1:],
+    ],
     "openmpi": lambda command: [*openmpi_run(), *command],
     # srun leaves the other tasks running when one fails unless told otherwise.
     "srun": lambda command: ["srun", "-N1", "--ntasks-per-node=2", "-J", "ldhfault", "--kill-on-bad-exit=1", *command],
@@ -151,8 +191,9 @@ DEATH_REPORTS = {
 }
 
 
-@pytest.mark.parametrize("launcher", [pytest.param("lightning"), pytest.param("torchrun"),
-                                      pytest.param("openmpi", marks=pytest.mark.mpi)])
+@pytest.mark.parametrize(
+    "launcher", [pytest.param("lightning"), pytest.param("torchrun"), pytest.param("openmpi", marks=pytest.mark.mpi)]
+)
 def test_a_rank_that_dies_mid_fit_ends_the_job_and_leaves_nothing(tmp_path, rendezvous_dir, launcher):
     if launcher == "openmpi" and OPENMPI_MPIRUN is None:
         pytest.skip("OpenMPI's mpirun is not installed (.ci/install)")
@@ -167,11 +208,24 @@ def test_a_rank_that_dies_mid_fit_ends_the_job_and_leaves_nothing_under_srun(slu
 
 
 def assert_a_dead_rank_ends_the_job(tmp_path: Path, rendezvous_dir: Path, launcher: str, env: dict[str, str]) -> None:
-    command = LAUNCHERS[launcher]([sys.executable, str(FIT_JOB), "--out", str(tmp_path / "out"), *SHORT_FLAGS,
-                                   "--init-method", f"file://{rendezvous_dir}/", "--die-at-step", "3",
-                                   "--die-rank", "1"])
-    result, elapsed = timed(run_command, ["timeout", "150", *command], cwd=tmp_path, out_dir=tmp_path / "out",
-                            timeout=180, env=env)
+    command = LAUNCHERS[launcher](
+        [
+            sys.executable,
+            str(FIT_JOB),
+            "--out",
+            str(tmp_path / "out"),
+            *SHORT_FLAGS,
+            "--init-method",
+            f"file://{rendezvous_dir}/",
+            "--die-at-step",
+            "3",
+            "--die-rank",
+            "1",
+        ]
+    )
+    result, elapsed = timed(
+        run_command, ["timeout", "150", *command], cwd=tmp_path, out_dir=tmp_path / "out", timeout=180, env=env
+    )
     assert result.returncode not in (0, 124), result.output[-4000:]  # 124: the outer `timeout` had to stop it
     assert elapsed < TIMEOUT_S + STARTUP_S
     assert result.ranks == {}, "no rank may finish the fit"
@@ -182,10 +236,20 @@ def assert_a_dead_rank_ends_the_job(tmp_path: Path, rendezvous_dir: Path, launch
 @pytest.mark.parametrize(
     ("flag", "message"),
     [
-        ("--setup-hook", ("DistributedSetupError: setup_distributed_backend raised OSError on rank 1 of 2 "
-                          "(backend='gloo', init_method='env://'): site bootstrap service unreachable")),
-        ("--sampler-hook", ("SamplerHookError: configure_sampler raised KeyError on rank 1 of 2 for the validate "
-                            "dataloader: 'no weights for this dataset'")),
+        (
+            "--setup-hook",
+            (
+                "DistributedSetupError: setup_distributed_backend raised OSError on rank 1 of 2 "
+                "(backend='gloo', init_method='env://'): site bootstrap service unreachable"
+            ),
+        ),
+        (
+            "--sampler-hook",
+            (
+                "SamplerHookError: configure_sampler raised KeyError on rank 1 of 2 for the validate "
+                "dataloader: 'no weights for this dataset'"
+            ),
+        ),
     ],
     ids=["setup_distributed_backend", "configure_sampler"],
 )
@@ -199,24 +263,40 @@ def test_an_exception_in_a_hook_on_one_rank_ends_every_rank_promptly(run_job, tm
 
 
 @pytest.mark.parametrize("requested", ["rendezvous", ""], ids=["explicit-path", "per-launch"])
-def test_a_file_rendezvous_where_flock_fails_ends_every_rank_naming_dir(run_job, tmp_path, rendezvous_dir, flock_shim,
-                                                                         requested):
+def test_a_file_rendezvous_where_flock_fails_ends_every_rank_naming_dir(
+    run_job, tmp_path, rendezvous_dir, flock_shim, requested
+):
     # A filesystem mounted without locking (NFS 'nolock', Lustre without -o flock): the LD_PRELOAD shim makes flock()
     # fail with ENOLCK under the rendezvous directory. Each rank probes flock in its private directory before torch's
     # FileStore takes one, and stops naming dir://, the scheme for such a filesystem (issue 30). A long timeout: the
     # job must end at once, not when the rendezvous times out.
     env = job_environment(LD_PRELOAD=str(flock_shim), LDH_NOLOCK_DIR=str(rendezvous_dir))
     url = f"file://{rendezvous_dir}/{requested}"
-    result, elapsed = timed(run_job, "--strategy", "ddp-instance", "--timeout", str(LONG_TIMEOUT_S), "--backend",
-                            "gloo", "--devices", "2", "--init-method", url, env=env)
+    result, elapsed = timed(
+        run_job,
+        "--strategy",
+        "ddp-instance",
+        "--timeout",
+        str(LONG_TIMEOUT_S),
+        "--backend",
+        "gloo",
+        "--devices",
+        "2",
+        "--init-method",
+        url,
+        env=env,
+    )
     assert result.returncode == 1, result.output[-4000:]
     assert result.ranks == {}, "no rank may train"
     private = rendezvous_dir / f"ldh-uid-{os.geteuid()}"
     directory = re.escape(str(rendezvous_dir))
-    assert re.search(rf"RuntimeError: torch_dist_init_method='file://{directory}/\S*': the filesystem of "
-                     rf"{re.escape(str(private))} refuses file locks \(flock: No locks available\), which torch's "
-                     rf"FileStore takes on the rendezvous file\. Use torch_dist_init_method='dir://{directory}/"
-                     rf"{requested}' instead", result.output), result.output[-4000:]
+    assert re.search(
+        rf"RuntimeError: torch_dist_init_method='file://{directory}/\S*': the filesystem of "
+        rf"{re.escape(str(private))} refuses file locks \(flock: No locks available\), which torch's "
+        rf"FileStore takes on the rendezvous file\. Use torch_dist_init_method='dir://{directory}/"
+        rf"{requested}' instead",
+        result.output,
+    ), result.output[-4000:]
     assert "DistStoreError" not in result.output, "torch's own bare error is never reached"
     assert elapsed < STARTUP_S
     wait_until_gone(tmp_path, rendezvous_dir)  # every rank and janitor ended; no probe, claim or directory left
@@ -231,8 +311,10 @@ def test_a_stale_rendezvous_file_at_an_explicit_path_stops_the_next_run_naming_i
     stale = sorted(path.parent.iterdir())
     result, elapsed = timed(run_job, *SHORT_FLAGS, "--init-method", f"file://{requested}")
     assert result.returncode != 0
-    assert (f"found {path}.rank0.claim and {path} left by an earlier run with the same job identity that did not "
-            f"finish cleanly") in result.output, result.output[-4000:]
+    assert (
+        f"found {path}.rank0.claim and {path} left by an earlier run with the same job identity that did not "
+        f"finish cleanly"
+    ) in result.output, result.output[-4000:]
     assert f"remove {path} and {path}.rank*.claim, then start again" in result.output
     assert elapsed < TIMEOUT_S + STARTUP_S
     assert sorted(path.parent.iterdir()) == stale, "another run's files are never deleted automatically"
@@ -240,8 +322,11 @@ def test_a_stale_rendezvous_file_at_an_explicit_path_stops_the_next_run_naming_i
 
 
 def _janitor_for(directory: Path) -> Janitor:
-    return Janitor(os.open(directory, os.O_RDONLY | os.O_DIRECTORY),
-                   os.open(directory.parent, os.O_RDONLY | os.O_DIRECTORY), directory.name)
+    return Janitor(
+        os.open(directory, os.O_RDONLY | os.O_DIRECTORY),
+        os.open(directory.parent, os.O_RDONLY | os.O_DIRECTORY),
+        directory.name,
+    )
 
 
 def test_the_janitor_removes_the_files_when_its_rank_ends_without_cleaning_up(tmp_path):

@@ -59,22 +59,24 @@ def _strategy(package, side: str, backend: str | None, device: torch.device):
     """A DDP strategy of the Trainer (``side="trainer"``) or of Fabric, for one rank on ``device``."""
     module = package.pl if side == "trainer" else package.fabric
     environment = package.fabric.plugins.environments.LightningEnvironment()  # both sides use Fabric's
-    return module.strategies.DDPStrategy(parallel_devices=[device], cluster_environment=environment,
-                                         process_group_backend=backend)
+    return module.strategies.DDPStrategy(
+        parallel_devices=[device], cluster_environment=environment, process_group_backend=backend
+    )
 
 
 def _lightnings_call(package, side: str, backend: str, device: torch.device, calls: list) -> dict:
     strategy = _strategy(package, side, backend, device)
     strategy.setup_distributed() if side == "trainer" else strategy._setup_distributed()
     dist.destroy_process_group()
-    (_name, recorded_backend, keywords), = [call for call in calls if call[0] == "init_process_group"]
+    ((_name, recorded_backend, keywords),) = [call for call in calls if call[0] == "init_process_group"]
     calls.clear()
     assert recorded_backend == backend
     return keywords
 
 
-def _create_ours(package, side: str, backend: str, device: torch.device, rendezvous: Path,
-                 hook=default_setup_distributed_backend) -> None:
+def _create_ours(
+    package, side: str, backend: str, device: torch.device, rendezvous: Path, hook=default_setup_distributed_backend
+) -> None:
     """Our path's group for the same rank: the strategy hooked by the flags, then the group created and destroyed."""
     strategy = _strategy(package, side, None, device)
     flags = Flags.checked(backend, f"file://{rendezvous}")
@@ -120,8 +122,9 @@ def test_a_hook_taking_device_id_gets_the_gpu_and_a_five_argument_hook_still_run
 
     def hook_with_device(backend, init_method, rank, world_size, timeout, device_id=None):
         received["with device_id"] = device_id
-        dist.init_process_group(backend, init_method=init_method, rank=rank, world_size=world_size, timeout=timeout,
-                                device_id=device_id)
+        dist.init_process_group(
+            backend, init_method=init_method, rank=rank, world_size=world_size, timeout=timeout, device_id=device_id
+        )
 
     def five_argument_hook(backend, init_method, rank, world_size, timeout):
         received["five arguments"] = rank
@@ -130,8 +133,11 @@ def test_a_hook_taking_device_id_gets_the_gpu_and_a_five_argument_hook_still_run
     _create_ours(PYTORCH_LIGHTNING, "trainer", "gloo", CUDA_0, tmp_path / "first", hook_with_device)
     _create_ours(PYTORCH_LIGHTNING, "trainer", "gloo", CUDA_0, tmp_path / "second", five_argument_hook)
     # The device Lightning itself would pass: none before Lightning 2.5.5.
-    expected = CUDA_0 if _lightning_internals.binds_groups_to_devices(_strategy(PYTORCH_LIGHTNING, "trainer", "gloo",
-                                                                                 CUDA_0)) else None
+    expected = (
+        CUDA_0
+        if _lightning_internals.binds_groups_to_devices(_strategy(PYTORCH_LIGHTNING, "trainer", "gloo", CUDA_0))
+        else None
+    )
     assert received == {"with device_id": expected, "five arguments": 0}
     keywords = [call[2] for call in recorded_torch if call[0] == "init_process_group"]
     assert keywords[0]["device_id"] == expected and "device_id" not in keywords[1]
@@ -146,8 +152,22 @@ GPU_JOB_TIMEOUT_S = 300
 def _torchrun(script: Path, out_dir: Path, *flags: str) -> JobResult:
     """One rank per GPU of this machine under torchrun, on loopback."""
     gpus = str(torch.cuda.device_count())
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", gpus, str(script),
-               "--accelerator", "gpu", "--devices", gpus, "--out", str(out_dir), *flags]
+    command = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node",
+        gpus,
+        str(script),
+        "--accelerator",
+        "gpu",
+        "--devices",
+        gpus,
+        "--out",
+        str(out_dir),
+        *flags,
+    ]
     return run_command(command, cwd=out_dir.parent, out_dir=out_dir, timeout=GPU_JOB_TIMEOUT_S).assert_ok()
 
 
@@ -155,8 +175,9 @@ def _torchrun(script: Path, out_dir: Path, *flags: str) -> JobResult:
 @pytest.mark.gpu
 @needs_cuda
 @pytest.mark.parametrize("backend", ["nccl", "cpu:gloo,cuda:nccl"])
-def test_nccl_through_a_rendezvous_directory_under_torchrun_binds_each_rank_to_its_gpu(backend, tmp_path,
-                                                                                     rendezvous_dir):
+def test_nccl_through_a_rendezvous_directory_under_torchrun_binds_each_rank_to_its_gpu(
+    backend, tmp_path, rendezvous_dir
+):
     job = _torchrun(FIT_JOB, tmp_path / "out", "--backend", backend, "--init-method", f"file://{rendezvous_dir}/")
     records = list(job.ranks.values())
     assert sorted(job.ranks) == list(range(torch.cuda.device_count()))
@@ -172,8 +193,9 @@ def test_nccl_through_a_rendezvous_directory_under_torchrun_binds_each_rank_to_i
 @pytest.mark.gpu
 @needs_cuda
 def test_fabric_with_nccl_binds_each_rank_to_its_gpu_and_hands_the_hook_its_device(tmp_path, rendezvous_dir):
-    job = _torchrun(FABRIC_JOB, tmp_path / "out", "--backend", "nccl", "--init-method", f"file://{rendezvous_dir}/",
-                    "--setup-hook")
+    job = _torchrun(
+        FABRIC_JOB, tmp_path / "out", "--backend", "nccl", "--init-method", f"file://{rendezvous_dir}/", "--setup-hook"
+    )
     assert sorted(job.ranks) == list(range(torch.cuda.device_count()))
     for rank, record in job.ranks.items():
         assert record["bound_device"] == f"cuda:{rank}"
@@ -190,8 +212,18 @@ def test_default_flags_on_a_gpu_train_what_lightnings_trainer_trains(tmp_path):
     jobs = {}
     for trainer in ("pl", "ldh"):
         out_dir = tmp_path / trainer
-        command = [sys.executable, str(FIT_JOB), "--trainer", trainer, "--accelerator", "gpu", "--devices", devices,
-                   "--out", str(out_dir)]
+        command = [
+            sys.executable,
+            str(FIT_JOB),
+            "--trainer",
+            trainer,
+            "--accelerator",
+            "gpu",
+            "--devices",
+            devices,
+            "--out",
+            str(out_dir),
+        ]
         jobs[trainer] = run_command(command, cwd=tmp_path, out_dir=out_dir, timeout=GPU_JOB_TIMEOUT_S).assert_ok()
     theirs, ours = jobs["pl"], jobs["ldh"]
     assert sorted(ours.ranks) == sorted(theirs.ranks)
@@ -221,8 +253,21 @@ def test_nccl_through_mpi_trains_as_through_a_file_with_no_tcp_store(backend, tm
     jobs = {}
     for name, init_method in (("file", f"file://{rendezvous_dir}/"), ("mpi", "mpi://")):
         out_dir = tmp_path / name
-        command = [*openmpi_run(int(gpus)), sys.executable, str(FIT_JOB), "--accelerator", "gpu", "--devices", gpus,
-                   "--backend", backend, "--init-method", init_method, "--out", str(out_dir)]
+        command = [
+            *openmpi_run(int(gpus)),
+            sys.executable,
+            str(FIT_JOB),
+            "--accelerator",
+            "gpu",
+            "--devices",
+            gpus,
+            "--backend",
+            backend,
+            "--init-method",
+            init_method,
+            "--out",
+            str(out_dir),
+        ]
         jobs[name] = run_command(command, cwd=tmp_path, out_dir=out_dir, timeout=GPU_JOB_TIMEOUT_S).assert_ok()
     assert jobs["mpi"].same_on_all_ranks("weights_sha256") == jobs["file"].same_on_all_ranks("weights_sha256")
     for rank, record in jobs["mpi"].ranks.items():

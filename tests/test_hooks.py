@@ -39,8 +39,15 @@ class ReachedLightningsLauncherError(Exception):
 
 
 def trainer_stopping_at_the_launcher(package, strategy="ddp_spawn"):
-    trainer = package.ours.Trainer(accelerator="cpu", devices=2, strategy=strategy, logger=False,
-                                   enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
+    trainer = package.ours.Trainer(
+        accelerator="cpu",
+        devices=2,
+        strategy=strategy,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    )
     launches = []
 
     def launch(function, *args, **kwargs):
@@ -108,10 +115,13 @@ def test_a_setup_hook_with_the_wrong_signature_fails_fit_before_any_process_star
 @both_packages
 def test_a_sampler_hook_with_the_wrong_signature_fails_fit_before_any_process_starts(package):
     trainer, launches = trainer_stopping_at_the_launcher(package)
-    with pytest.raises(TypeError, match=r"^Model\.configure_sampler is declared as configure_sampler\(self, "
-                                        r"dataloader\), which cannot take the arguments every rank passes it \(too "
-                                        r"many positional arguments\)\. Declare it as configure_sampler\(self, "
-                                        r"dataloader, stage\) .* Checked at Trainer\.fit\(\), before any process"):
+    with pytest.raises(
+        TypeError,
+        match=r"^Model\.configure_sampler is declared as configure_sampler\(self, "
+        r"dataloader\), which cannot take the arguments every rank passes it \(too "
+        r"many positional arguments\)\. Declare it as configure_sampler\(self, "
+        r"dataloader, stage\) .* Checked at Trainer\.fit\(\), before any process",
+    ):
         trainer.fit(module_class(package, configure_sampler=bad_sampler)())
     assert launches == []
 
@@ -119,8 +129,15 @@ def test_a_sampler_hook_with_the_wrong_signature_fails_fit_before_any_process_st
 def test_a_method_named_like_the_setup_hook_is_not_checked_where_no_process_group_is_made():
     # One device: no process group, so setup_distributed_backend is never called and a method of that name is the
     # module's own business (as with Lightning's Trainer); the fit runs, in this process.
-    trainer = Trainer(accelerator="cpu", devices=1, max_steps=1, logger=False, enable_checkpointing=False,
-                      enable_progress_bar=False, enable_model_summary=False)
+    trainer = Trainer(
+        accelerator="cpu",
+        devices=1,
+        max_steps=1,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    )
     model = module_class(PYTORCH_LIGHTNING, setup_distributed_backend=bad_setup)()
     trainer.fit(model)
     assert trainer.global_step == 1
@@ -142,9 +159,12 @@ def datamodule_class(package, hook):
 def test_a_datamodules_sampler_hook_is_checked_too(package, as_keyword):
     trainer, launches = trainer_stopping_at_the_launcher(package)
     datamodule = datamodule_class(package, lambda self, dataloader, stage, extra: None)()
-    with pytest.raises(TypeError, match=r"^DataModule\.configure_sampler is declared as configure_sampler\(self, "
-                                        r"dataloader, stage, extra\), which cannot take .* \(missing a required "
-                                        r"argument: 'extra'\)"):
+    with pytest.raises(
+        TypeError,
+        match=r"^DataModule\.configure_sampler is declared as configure_sampler\(self, "
+        r"dataloader, stage, extra\), which cannot take .* \(missing a required "
+        r"argument: 'extra'\)",
+    ):
         if as_keyword:
             trainer.fit(module_class(package)(), datamodule=datamodule)
         else:
@@ -164,15 +184,21 @@ def test_an_inherited_hook_names_the_class_that_defines_it_and_a_staticmethod_it
     base = module_class(PYTORCH_LIGHTNING, setup_distributed_backend=staticmethod(lambda backend: None))
     child = type("Child", (base,), {})
     trainer, _ = trainer_stopping_at_the_launcher(PYTORCH_LIGHTNING)
-    with pytest.raises(TypeError, match=r"^Model\.setup_distributed_backend \(inherited by Child\) is declared as "
-                                        r"setup_distributed_backend\(backend\), which"):
+    with pytest.raises(
+        TypeError,
+        match=r"^Model\.setup_distributed_backend \(inherited by Child\) is declared as "
+        r"setup_distributed_backend\(backend\), which",
+    ):
         trainer.fit(child())
 
 
 def test_a_hook_that_is_not_callable_is_refused():
     trainer, _ = trainer_stopping_at_the_launcher(PYTORCH_LIGHTNING)
-    with pytest.raises(TypeError, match=r"configure_sampler is declared as configure_sampler\(\.\.\.\), which cannot "
-                                        r"take the arguments every rank passes it \(it is not callable but str\)"):
+    with pytest.raises(
+        TypeError,
+        match=r"configure_sampler is declared as configure_sampler\(\.\.\.\), which cannot "
+        r"take the arguments every rank passes it \(it is not callable but str\)",
+    ):
         trainer.fit(module_class(PYTORCH_LIGHTNING, configure_sampler="random")())
 
 
@@ -207,8 +233,10 @@ def test_good_setup_hooks_pass_the_check_and_reach_lightnings_launcher(package, 
 def test_good_sampler_hooks_pass_the_check_on_the_module_and_the_datamodule(sampler):
     trainer, launches = trainer_stopping_at_the_launcher(PYTORCH_LIGHTNING)
     with pytest.raises(ReachedLightningsLauncherError):
-        trainer.fit(module_class(PYTORCH_LIGHTNING, configure_sampler=sampler)(),
-                    datamodule=datamodule_class(PYTORCH_LIGHTNING, sampler)())
+        trainer.fit(
+            module_class(PYTORCH_LIGHTNING, configure_sampler=sampler)(),
+            datamodule=datamodule_class(PYTORCH_LIGHTNING, sampler)(),
+        )
     assert len(launches) == 1
 
 
@@ -232,8 +260,12 @@ def fabric_setup_with_four_arguments(backend, init_method, rank, world_size):
 @both_packages
 def test_fabrics_setup_callable_is_checked_at_construction(package):
     with pytest.raises(TypeError) as error:
-        package.ours.Fabric(accelerator="cpu", devices=2, strategy="ddp_spawn",
-                            setup_distributed_backend=fabric_setup_with_four_arguments)
+        package.ours.Fabric(
+            accelerator="cpu",
+            devices=2,
+            strategy="ddp_spawn",
+            setup_distributed_backend=fabric_setup_with_four_arguments,
+        )
     assert str(error.value) == (
         "setup_distributed_backend=fabric_setup_with_four_arguments is declared as setup_distributed_backend(backend, "
         "init_method, rank, world_size), which cannot take the arguments every rank passes it (too many positional "
@@ -243,14 +275,19 @@ def test_fabrics_setup_callable_is_checked_at_construction(package):
     )
 
 
-@pytest.mark.parametrize("setup", [
-    lambda backend, init_method, rank, world_size, timeout, device_id=None: None,
-    lambda backend, init_method, rank, world_size, timeout: None,
-    lambda *args, **kwargs: None,
-], ids=["documented", "five arguments", "*args, **kwargs"])
+@pytest.mark.parametrize(
+    "setup",
+    [
+        lambda backend, init_method, rank, world_size, timeout, device_id=None: None,
+        lambda backend, init_method, rank, world_size, timeout: None,
+        lambda *args, **kwargs: None,
+    ],
+    ids=["documented", "five arguments", "*args, **kwargs"],
+)
 def test_fabrics_good_setup_callables_pass(setup):
-    fabric = PYTORCH_LIGHTNING.ours.Fabric(accelerator="cpu", devices=2, strategy="ddp",
-                                           setup_distributed_backend=setup)
+    fabric = PYTORCH_LIGHTNING.ours.Fabric(
+        accelerator="cpu", devices=2, strategy="ddp", setup_distributed_backend=setup
+    )
     assert fabric.world_size == 2
 
 
@@ -262,8 +299,10 @@ def test_a_callable_without_a_readable_signature_is_left_to_the_call():
 
 
 @both_packages
-@pytest.mark.parametrize(("member", "value"), [
-    ("TRAINING", "train"), ("VALIDATING", "validate"), ("TESTING", "test"), ("PREDICTING", "predict")])
+@pytest.mark.parametrize(
+    ("member", "value"),
+    [("TRAINING", "train"), ("VALIDATING", "validate"), ("TESTING", "test"), ("PREDICTING", "predict")],
+)
 def test_stage_prints_as_its_value_and_stands_for_lightnings_running_stage(package, member, value, capsys):
     stages = package.pl.trainer.states.RunningStage
     running_stage = stages[member]
@@ -276,7 +315,11 @@ def test_stage_prints_as_its_value_and_stands_for_lightnings_running_stage(packa
     assert stage != stages.SANITY_CHECKING and stage in (running_stage,) and stage in {running_stage}
     assert {running_stage: "mine"}[stage] == "mine" and hash(stage) == hash(running_stage)
     assert (stage.value, stage.name, stage.evaluating, stage.dataloader_prefix) == (
-        running_stage.value, running_stage.name, running_stage.evaluating, running_stage.dataloader_prefix)
+        running_stage.value,
+        running_stage.name,
+        running_stage.evaluating,
+        running_stage.dataloader_prefix,
+    )
     assert isinstance(stage, str) and as_running_stage(stage) is running_stage and as_running_stage(value) == value
     for again in (pickle.loads(pickle.dumps(stage)), copy.deepcopy(stage)):
         assert type(again) is Stage and again.running_stage is running_stage and str(again) == value
@@ -311,9 +354,15 @@ class SamplerRecorder(_Model):
 def test_configure_sampler_receives_a_stage_that_prints_plainly_and_the_default_takes_it():
     stages = PYTORCH_LIGHTNING.pl.trainer.states.RunningStage
     model = SamplerRecorder()
-    trainer = PYTORCH_LIGHTNING.ours.Trainer(accelerator="cpu", devices=1, max_epochs=1, logger=False,
-                                             enable_checkpointing=False, enable_progress_bar=False,
-                                             enable_model_summary=False)
+    trainer = PYTORCH_LIGHTNING.ours.Trainer(
+        accelerator="cpu",
+        devices=1,
+        max_epochs=1,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    )
     trainer.fit(model)
     trainer.predict(model)
     assert model.printed == ["validate", "train", "predict"]
@@ -329,42 +378,63 @@ def test_the_default_sampler_takes_a_stage_as_lightning_takes_its_running_stage(
     loader = ones(4)
     for member in stages.TRAINING, stages.PREDICTING:
         # The hook's Stage, which the function takes (as_running_stage) though its annotation says RunningStage.
-        ours, lightnings = (lightning_default_sampler(trainer, loader, stage)  # type: ignore[arg-type]
-                            for stage in (Stage(member), member))
+        ours, lightnings = (
+            lightning_default_sampler(trainer, loader, stage)  # type: ignore[arg-type]
+            for stage in (Stage(member), member)
+        )
         assert type(ours) is type(lightnings)
 
 
 def returning_a_sampler(returned):
     """A one-device fit's module whose ``configure_sampler`` returns ``returned`` (called on the loader if callable)."""
+
     def configure_sampler(self, dataloader, stage):
         return returned(dataloader) if callable(returned) else returned
 
     return module_class(PYTORCH_LIGHTNING, configure_sampler=configure_sampler)()
 
 
-@pytest.mark.parametrize(("returned", "shown"), [
-    ("random", "'random' (str)"),
-    (5, "5 (int)"),
-    (lambda loader: loader, "<torch.utils.data.dataloader.DataLoader object at 0x"),
-])
+@pytest.mark.parametrize(
+    ("returned", "shown"),
+    [
+        ("random", "'random' (str)"),
+        (5, "5 (int)"),
+        (lambda loader: loader, "<torch.utils.data.dataloader.DataLoader object at 0x"),
+    ],
+)
 def test_a_configure_sampler_result_that_is_no_sampler_fails_naming_the_hook_the_stage_and_what_it_must_return(
-        returned, shown):
-    trainer = PYTORCH_LIGHTNING.ours.Trainer(accelerator="cpu", devices=1, max_steps=1, logger=False,
-                                             enable_checkpointing=False, enable_progress_bar=False,
-                                             enable_model_summary=False)
+    returned, shown
+):
+    trainer = PYTORCH_LIGHTNING.ours.Trainer(
+        accelerator="cpu",
+        devices=1,
+        max_steps=1,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    )
     with pytest.raises(TypeError) as raised:
         trainer.fit(returning_a_sampler(returned))
     message = str(raised.value)
     assert message.startswith(f"configure_sampler of Model returned {shown}"), message
-    assert message.endswith("for the train dataloader; it must return a torch.utils.data.Sampler, an iterable of "
-                            "indices, or None (the dataloader as given)"), message
+    assert message.endswith(
+        "for the train dataloader; it must return a torch.utils.data.Sampler, an iterable of "
+        "indices, or None (the dataloader as given)"
+    ), message
 
 
 def test_an_iterable_of_indices_is_a_sampler_the_hook_may_return():
     model = returning_a_sampler([3, 2, 1, 0])
-    trainer = PYTORCH_LIGHTNING.ours.Trainer(accelerator="cpu", devices=1, max_steps=1, logger=False,
-                                             enable_checkpointing=False, enable_progress_bar=False,
-                                             enable_model_summary=False)
+    trainer = PYTORCH_LIGHTNING.ours.Trainer(
+        accelerator="cpu",
+        devices=1,
+        max_steps=1,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    )
     trainer.fit(model)
     assert list(trainer.train_dataloader.sampler) == [3, 2, 1, 0]
 
@@ -378,7 +448,8 @@ def test_the_setup_hooks_signature_is_written_once_and_the_mixin_the_doctor_and_
         assert takes_device_id(method)
         assert hook_call_problem("setup_distributed_backend", functools.partial(method, None)) is None
     assert expected_parameters("setup_distributed_backend") == (
-        "backend, init_method, rank, world_size, timeout, device_id=None")
+        "backend, init_method, rank, world_size, timeout, device_id=None"
+    )
     assert expected_parameters("configure_sampler") == "dataloader, stage"
 
 
@@ -391,10 +462,17 @@ def test_an_override_declared_with_the_hooks_parameters_reads_them_by_name_howev
     timeout = timedelta(seconds=5)
     module: Any = Module()  # the decorator declares the hook's result (None); this override returns what it read
     positional = module.setup_distributed_backend("gloo", "env://", 1, 2, timeout)
-    by_name = module.setup_distributed_backend("gloo", "env://", rank=1, world_size=2, timeout=timeout,
-                                                 device_id=torch.device("cpu"))
-    assert positional == {"backend": "gloo", "init_method": "env://", "rank": 1, "world_size": 2,
-                          "timeout": timeout, "device_id": None}
+    by_name = module.setup_distributed_backend(
+        "gloo", "env://", rank=1, world_size=2, timeout=timeout, device_id=torch.device("cpu")
+    )
+    assert positional == {
+        "backend": "gloo",
+        "init_method": "env://",
+        "rank": 1,
+        "world_size": 2,
+        "timeout": timeout,
+        "device_id": None,
+    }
     assert by_name == {**positional, "device_id": torch.device("cpu")}
     with pytest.raises(TypeError, match="missing a required argument: 'timeout'"):
         module.setup_distributed_backend("gloo", "env://", 1, 2)

@@ -37,8 +37,14 @@ print(json.dumps({"modules": modules,
 
 
 def test_importing_every_module_registers_nothing_starts_nothing_and_sets_nothing(tmp_path):
-    completed = subprocess.run([sys.executable, "-c", _IMPORT_EVERYTHING], cwd=tmp_path, env=job_environment(),
-                               capture_output=True, text=True, timeout=120)
+    completed = subprocess.run(
+        [sys.executable, "-c", _IMPORT_EVERYTHING],
+        cwd=tmp_path,
+        env=job_environment(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert completed.returncode == 0, completed.stderr[-4000:]
     report = json.loads(completed.stdout.splitlines()[-1])
     expected = {"lightning_dist_hooks.init_methods._shared_filesystem.janitor", "lightning_dist_hooks.mpi._engine"}

@@ -162,8 +162,14 @@ _CUSTOM_SCHEME_JOB = textwrap.dedent("""
 def test_a_registered_scheme_can_do_everything_file_does(tmp_path):
     script = tmp_path / "job.py"
     script.write_text(_CUSTOM_SCHEME_JOB)
-    done = subprocess.run([sys.executable, str(script), str(tmp_path)], cwd=tmp_path, env=job_environment(),
-                          capture_output=True, text=True, timeout=240)
+    done = subprocess.run(
+        [sys.executable, str(script), str(tmp_path)],
+        cwd=tmp_path,
+        env=job_environment(),
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
     assert done.returncode == 0, done.stderr[-4000:]
     records = [json.loads((tmp_path / f"rank{rank}.json").read_text()) for rank in (0, 1)]
     assert records[0] == records[1], "both ranks met through the same file and trained the same weights"
@@ -177,25 +183,72 @@ def test_a_registered_scheme_can_do_everything_file_does(tmp_path):
 # Issue 10: the variables each node of one launch sees (2 nodes, 2 ranks each; rank 2 is node 1's first).
 _PER_NODE = {
     SLURMEnvironment: [
-        {"SLURM_NTASKS": "4", "SLURM_NTASKS_PER_NODE": "2", "SLURM_PROCID": str(2 * node), "SLURM_LOCALID": "0",
-         "SLURM_NODEID": str(node), "SLURM_JOB_ID": "42", "SLURM_STEP_ID": "0", "SLURM_JOB_NAME": "train",
-         "SLURMD_NODENAME": f"node{node}", "SLURM_NODELIST": "node[0-1]"} for node in (0, 1)],
+        {
+            "SLURM_NTASKS": "4",
+            "SLURM_NTASKS_PER_NODE": "2",
+            "SLURM_PROCID": str(2 * node),
+            "SLURM_LOCALID": "0",
+            "SLURM_NODEID": str(node),
+            "SLURM_JOB_ID": "42",
+            "SLURM_STEP_ID": "0",
+            "SLURM_JOB_NAME": "train",
+            "SLURMD_NODENAME": f"node{node}",
+            "SLURM_NODELIST": "node[0-1]",
+        }
+        for node in (0, 1)
+    ],
     # torchrun --nnodes 2 --rdzv-id job7: the workers of node 1 were restarted once, node 0's were not.
     TorchElasticEnvironment: [
-        {"TORCHELASTIC_RUN_ID": "job7", "TORCHELASTIC_RESTART_COUNT": str(node), "GROUP_RANK": str(node),
-         "GROUP_WORLD_SIZE": "2", "RANK": str(2 * node), "LOCAL_RANK": "0", "WORLD_SIZE": "4",
-         "LOCAL_WORLD_SIZE": "2", "MASTER_ADDR": "node0", "MASTER_PORT": "29400"} for node in (0, 1)],
+        {
+            "TORCHELASTIC_RUN_ID": "job7",
+            "TORCHELASTIC_RESTART_COUNT": str(node),
+            "GROUP_RANK": str(node),
+            "GROUP_WORLD_SIZE": "2",
+            "RANK": str(2 * node),
+            "LOCAL_RANK": "0",
+            "WORLD_SIZE": "4",
+            "LOCAL_WORLD_SIZE": "2",
+            "MASTER_ADDR": "node0",
+            "MASTER_PORT": "29400",
+        }
+        for node in (0, 1)
+    ],
     OpenMPIEnvironment: [
-        {"OMPI_COMM_WORLD_RANK": str(2 * node), "OMPI_COMM_WORLD_SIZE": "4", "OMPI_COMM_WORLD_LOCAL_RANK": "0",
-         "OMPI_COMM_WORLD_LOCAL_SIZE": "2", "PMIX_NAMESPACE": "prterun-node0-4242@1", "PMIX_RANK": str(2 * node)}
-        for node in (0, 1)],
+        {
+            "OMPI_COMM_WORLD_RANK": str(2 * node),
+            "OMPI_COMM_WORLD_SIZE": "4",
+            "OMPI_COMM_WORLD_LOCAL_RANK": "0",
+            "OMPI_COMM_WORLD_LOCAL_SIZE": "2",
+            "PMIX_NAMESPACE": "prterun-node0-4242@1",
+            "PMIX_RANK": str(2 * node),
+        }
+        for node in (0, 1)
+    ],
     FluxEnvironment: [
-        {"FLUX_TASK_RANK": str(2 * node), "FLUX_TASK_LOCAL_ID": "0", "FLUX_JOB_SIZE": "4", "FLUX_JOB_NNODES": "2",
-         "FLUX_JOB_ID": "ƒ2Bt7T6Cw", "PMI_RANK": str(2 * node), "PMI_SIZE": "4"} for node in (0, 1)],
+        {
+            "FLUX_TASK_RANK": str(2 * node),
+            "FLUX_TASK_LOCAL_ID": "0",
+            "FLUX_JOB_SIZE": "4",
+            "FLUX_JOB_NNODES": "2",
+            "FLUX_JOB_ID": "ƒ2Bt7T6Cw",
+            "PMI_RANK": str(2 * node),
+            "PMI_SIZE": "4",
+        }
+        for node in (0, 1)
+    ],
     PALSEnvironment: [
-        {"PALS_RANKID": str(2 * node), "PALS_LOCAL_RANKID": "0", "PALS_NODEID": str(node), "PALS_APID": "7f1c-aa",
-         "PALS_LOCAL_SIZE": "2", "PMI_RANK": str(2 * node), "PMI_SIZE": "4", "PBS_JOBID": "1234.pbs01"}
-        for node in (0, 1)],
+        {
+            "PALS_RANKID": str(2 * node),
+            "PALS_LOCAL_RANKID": "0",
+            "PALS_NODEID": str(node),
+            "PALS_APID": "7f1c-aa",
+            "PALS_LOCAL_SIZE": "2",
+            "PMI_RANK": str(2 * node),
+            "PMI_SIZE": "4",
+            "PBS_JOBID": "1234.pbs01",
+        }
+        for node in (0, 1)
+    ],
 }
 
 
@@ -213,8 +266,18 @@ def test_every_node_of_a_launch_resolves_the_same_per_job_file(launcher_env, tmp
 def test_torchrun_on_one_node_still_gets_a_new_file_after_a_restart(launcher_env, tmp_path):
     urls = []
     for restart in ("0", "1"):
-        launcher_env({"TORCHELASTIC_RUN_ID": "none", "TORCHELASTIC_RESTART_COUNT": restart, "GROUP_WORLD_SIZE": "1",
-                  "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "1"})
+        launcher_env(
+            {
+                "TORCHELASTIC_RUN_ID": "none",
+                "TORCHELASTIC_RESTART_COUNT": restart,
+                "GROUP_WORLD_SIZE": "1",
+                "RANK": "0",
+                "LOCAL_RANK": "0",
+                "WORLD_SIZE": "2",
+                "MASTER_ADDR": "127.0.0.1",
+                "MASTER_PORT": "1",
+            }
+        )
         urls.append(FileInitMethod().resolve(f"file://{tmp_path}/", TorchElasticEnvironment(), num_nodes=1))
     assert urls[0] != urls[1] and "TORCHELASTIC_RESTART_COUNT-1" in urls[1]
 
@@ -224,14 +287,30 @@ def test_torchrun_on_one_node_still_gets_a_new_file_after_a_restart(launcher_env
 def test_lightnings_launcher_once_per_node_cannot_share_a_per_job_file(launcher_env, tmp_path, node_rank):
     # What Lightning documents for a general cluster: the same script started on each node.
     launcher_env({"NODE_RANK": node_rank, "MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "29500"})
-    with pytest.raises(ValueError, match=(
+    with pytest.raises(
+        ValueError,
+        match=(
             rf"torch_dist_init_method='file://{tmp_path}/' with num_nodes=2: Lightning's own launcher is started once "
             rf"per node, and each node's launching process makes its own launch token.*Name a file unique to this run "
-            rf"instead, e.g. 'file://{tmp_path}/run42' \(the same on every node\)")):
-        Trainer(accelerator="cpu", devices=2, num_nodes=2, strategy="ddp", logger=False,
-                torch_dist_init_method=f"file://{tmp_path}/")
-    explicit = Trainer(accelerator="cpu", devices=2, num_nodes=2, strategy="ddp", logger=False,
-                       torch_dist_init_method=f"file://{tmp_path}/run42")
+            rf"instead, e.g. 'file://{tmp_path}/run42' \(the same on every node\)"
+        ),
+    ):
+        Trainer(
+            accelerator="cpu",
+            devices=2,
+            num_nodes=2,
+            strategy="ddp",
+            logger=False,
+            torch_dist_init_method=f"file://{tmp_path}/",
+        )
+    explicit = Trainer(
+        accelerator="cpu",
+        devices=2,
+        num_nodes=2,
+        strategy="ddp",
+        logger=False,
+        torch_dist_init_method=f"file://{tmp_path}/run42",
+    )
     assert explicit.torch_dist_init_method == f"file://{tmp_path}/ldh-uid-{os.geteuid()}/run42"
 
 
@@ -240,10 +319,17 @@ def test_lightnings_launcher_on_one_node_keeps_its_per_job_file(launcher_env, tm
     launcher_env({})
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        trainer = Trainer(accelerator="cpu", devices=2, num_nodes=1, strategy="ddp", logger=False,
-                          torch_dist_init_method=f"file://{tmp_path}/")
+        trainer = Trainer(
+            accelerator="cpu",
+            devices=2,
+            num_nodes=1,
+            strategy="ddp",
+            logger=False,
+            torch_dist_init_method=f"file://{tmp_path}/",
+        )
     assert trainer.torch_dist_init_method.startswith(
-        f"file://{tmp_path}/ldh-uid-{os.geteuid()}/ldh-rendezvous-LIGHTNING_DIST_HOOKS_LAUNCH_TOKEN-")
+        f"file://{tmp_path}/ldh-uid-{os.geteuid()}/ldh-rendezvous-LIGHTNING_DIST_HOOKS_LAUNCH_TOKEN-"
+    )
 
 
 @pytest.mark.unit
@@ -260,9 +346,12 @@ def test_two_schemes_offering_a_backend_default_are_an_error_whatever_the_regist
     for order in (1, -1):
         monkeypatch.setattr(_base, "_REGISTRY", dict(registered[::order]))
         register_init_method(RivalInitMethod())
-        with pytest.raises(ValueError, match=r"torch_dist_backend='mpi4py': several init methods offer to be its "
-                                             r"default \((mpi://|rival://) .*, (mpi://|rival://) .*\)\. Pass "
-                                             r"torch_dist_init_method=\.\.\. to choose"):
+        with pytest.raises(
+            ValueError,
+            match=r"torch_dist_backend='mpi4py': several init methods offer to be its "
+            r"default \((mpi://|rival://) .*, (mpi://|rival://) .*\)\. Pass "
+            r"torch_dist_init_method=\.\.\. to choose",
+        ):
             _base.default_init_method_for("mpi4py")
         assert _base.default_init_method_for("gloo") is None
 
@@ -286,8 +375,10 @@ def test_a_filesystem_refusing_flock_is_answered_with_dir_of_the_same_form():
     error = OSError(errno.ENOLCK, os.strerror(errno.ENOLCK))
     private = Path("/shared/rdzv/ldh-uid-7")
     explicit = file_locks_refused("file:///shared/rdzv/run42", private, error)
-    assert explicit.startswith("torch_dist_init_method='file:///shared/rdzv/run42': the filesystem of "
-                               "/shared/rdzv/ldh-uid-7 refuses file locks (flock: No locks available)")
+    assert explicit.startswith(
+        "torch_dist_init_method='file:///shared/rdzv/run42': the filesystem of "
+        "/shared/rdzv/ldh-uid-7 refuses file locks (flock: No locks available)"
+    )
     assert "Use torch_dist_init_method='dir:///shared/rdzv/run42' instead" in explicit
     # A per-launch file: the fix is the per-launch URL, which names every launch's file anew.
     per_launch = file_locks_refused(rendezvous_file_for_job("file:///shared/rdzv/", "SLURM_JOB_ID=42"), private, error)

@@ -51,15 +51,18 @@ def fit_command(out_dir: Path, init_method: str) -> list[str]:
     return [sys.executable, str(FIT_JOB), "--out", str(out_dir), "--init-method", init_method, *FIT_FLAGS]
 
 
-@pytest.mark.parametrize(("strategy", "package"),
-                         [("ddp", "pytorch_lightning"), ("ddp_spawn", "pytorch_lightning"), ("ddp_spawn", "lightning")],
-                         ids=["ddp", "ddp_spawn", "ddp_spawn-lightning"])
+@pytest.mark.parametrize(
+    ("strategy", "package"),
+    [("ddp", "pytorch_lightning"), ("ddp_spawn", "pytorch_lightning"), ("ddp_spawn", "lightning")],
+    ids=["ddp", "ddp_spawn", "ddp_spawn-lightning"],
+)
 def test_lightning_launcher_with_a_per_launch_file(tmp_path, rendezvous_dir, strategy, package):
     # ddp_spawn pickles the trainer, its strategy and data connector to the children: with both packages.
     init_method = f"file://{rendezvous_dir}/"
     command = [*fit_command(tmp_path / "out", init_method), "--strategy", strategy, "--package", package]
-    result = run_command(["timeout", str(LAUNCH_TIMEOUT), *command], cwd=tmp_path, out_dir=tmp_path / "out",
-                         timeout=LAUNCH_TIMEOUT + 30)
+    result = run_command(
+        ["timeout", str(LAUNCH_TIMEOUT), *command], cwd=tmp_path, out_dir=tmp_path / "out", timeout=LAUNCH_TIMEOUT + 30
+    )
     assert_two_rank_fit(result, "LightningEnvironment", init_method, rendezvous_dir)
     # ddp: the children took the token from the parent's environment; ddp_spawn: from the pickled strategy.
     assert "LIGHTNING_DIST_HOOKS_LAUNCH_TOKEN" in result.ranks[0]["setup_calls"][0]["init_method"]
@@ -69,8 +72,17 @@ def test_lightning_launcher_with_a_per_launch_file(tmp_path, rendezvous_dir, str
 @pytest.mark.parametrize("kind", ["env", "tcp", "file-dir"])
 def test_torchrun(tmp_path, rendezvous_dir, free_port, kind):
     init_method = init_method_url(kind, rendezvous_dir, free_port)
-    command = ["timeout", str(LAUNCH_TIMEOUT), sys.executable, "-m", "torch.distributed.run", "--standalone",
-               "--nproc-per-node", "2", *fit_command(tmp_path / "out", init_method)[1:]]
+    command = [
+        "timeout",
+        str(LAUNCH_TIMEOUT),
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node",
+        "2",
+        *fit_command(tmp_path / "out", init_method)[1:],
+    ]
     result = run_command(command, cwd=tmp_path, out_dir=tmp_path / "out", timeout=LAUNCH_TIMEOUT + 30)
     assert_two_rank_fit(result, "TorchElasticEnvironment", init_method, rendezvous_dir)
 
@@ -94,8 +106,18 @@ def test_mpich_mpirun(tmp_path, rendezvous_dir, free_port, kind):
     # env:// gets its port from MASTER_PORT and derives the address (all ranks on one node).
     init_method = init_method_url(kind, rendezvous_dir, free_port)
     extra = {"env": ["-genv", "MASTER_PORT", str(free_port)], "file-dir": ["-genv", "PBS_JOBID", "5150.pbs-emulated"]}
-    command = ["timeout", str(LAUNCH_TIMEOUT), "mpirun.mpich", "-n", "2", "-genv", "GLOO_SOCKET_IFNAME", "lo",
-               *extra[kind], *fit_command(tmp_path / "out", init_method)]
+    command = [
+        "timeout",
+        str(LAUNCH_TIMEOUT),
+        "mpirun.mpich",
+        "-n",
+        "2",
+        "-genv",
+        "GLOO_SOCKET_IFNAME",
+        "lo",
+        *extra[kind],
+        *fit_command(tmp_path / "out", init_method),
+    ]
     result = run_command(command, cwd=tmp_path, out_dir=tmp_path / "out", timeout=LAUNCH_TIMEOUT + 30)
     assert_two_rank_fit(result, "HydraEnvironment", init_method, rendezvous_dir)
 
@@ -104,8 +126,17 @@ def test_mpich_mpirun(tmp_path, rendezvous_dir, free_port, kind):
 @pytest.mark.parametrize("kind", ["env", "tcp", "file-dir"])
 def test_srun(slurm_cluster, tmp_path, rendezvous_dir, free_port, kind):
     init_method = init_method_url(kind, rendezvous_dir, free_port)
-    command = ["timeout", str(LAUNCH_TIMEOUT), "srun", "-N1", "--ntasks-per-node=2", "-J", "ldhtest",
-               "--kill-on-bad-exit=1", *fit_command(tmp_path / "out", init_method)]
+    command = [
+        "timeout",
+        str(LAUNCH_TIMEOUT),
+        "srun",
+        "-N1",
+        "--ntasks-per-node=2",
+        "-J",
+        "ldhtest",
+        "--kill-on-bad-exit=1",
+        *fit_command(tmp_path / "out", init_method),
+    ]
     env = {**slurm_environment(), "MASTER_PORT": str(free_port)}
     result = run_command(command, cwd=tmp_path, out_dir=tmp_path / "out", timeout=LAUNCH_TIMEOUT + 30, env=env)
     assert_two_rank_fit(result, "SLURMEnvironment", init_method, rendezvous_dir)
@@ -115,18 +146,23 @@ def test_srun(slurm_cluster, tmp_path, rendezvous_dir, free_port, kind):
 def test_sbatch_wait_with_a_per_job_file(slurm_cluster, tmp_path, rendezvous_dir):
     init_method = f"file://{rendezvous_dir}/"
     script = tmp_path / "job.sbatch"
-    script.write_text("\n".join([
-        "#!/bin/bash",
-        "#SBATCH --job-name=ldhtest",
-        "#SBATCH --nodes=1",
-        "#SBATCH --ntasks-per-node=2",
-        f"#SBATCH --output={tmp_path}/slurm-%j.out",
-        f"srun --kill-on-bad-exit=1 {' '.join(fit_command(tmp_path / 'out', init_method))}",
-        "",
-    ]))
+    script.write_text(
+        "\n".join(
+            [
+                "#!/bin/bash",
+                "#SBATCH --job-name=ldhtest",
+                "#SBATCH --nodes=1",
+                "#SBATCH --ntasks-per-node=2",
+                f"#SBATCH --output={tmp_path}/slurm-%j.out",
+                f"srun --kill-on-bad-exit=1 {' '.join(fit_command(tmp_path / 'out', init_method))}",
+                "",
+            ]
+        )
+    )
     command = ["timeout", str(LAUNCH_TIMEOUT), "sbatch", "--wait", str(script)]
-    result = run_command(command, cwd=tmp_path, out_dir=tmp_path / "out", timeout=LAUNCH_TIMEOUT + 30,
-                         env=slurm_environment())
+    result = run_command(
+        command, cwd=tmp_path, out_dir=tmp_path / "out", timeout=LAUNCH_TIMEOUT + 30, env=slurm_environment()
+    )
     result.output += "".join(log.read_text()[-6000:] for log in tmp_path.glob("slurm-*.out"))
     assert_two_rank_fit(result, "SLURMEnvironment", init_method, rendezvous_dir)
     # Named after the SLURM job and its step: what a requeue (new SLURM_RESTART_COUNT) would change.

@@ -86,15 +86,25 @@ def test_a_bad_flag_from_the_command_line_fails_with_the_trainers_message(packag
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("package", "source"), [(BOTH[0], "command-line"), (BOTH[1], "yaml")],
-                         ids=["pytorch_lightning-command-line", "lightning-yaml"])
+@pytest.mark.parametrize(
+    ("package", "source"),
+    [(BOTH[0], "command-line"), (BOTH[1], "yaml")],
+    ids=["pytorch_lightning-command-line", "lightning-yaml"],
+)
 def test_two_rank_fit_started_by_the_cli_uses_our_flags(package, source, tmp_path):
     rendezvous_dir = tmp_path / "rendezvous"
     rendezvous_dir.mkdir()
     out = tmp_path / "out"
-    trainer = {"accelerator": "cpu", "devices": 2, "strategy": "ddp", "max_epochs": 1, "logger": False,
-               "enable_checkpointing": False, "torch_dist_backend": "gloo",
-               "torch_dist_init_method": f"file://{rendezvous_dir}/"}
+    trainer = {
+        "accelerator": "cpu",
+        "devices": 2,
+        "strategy": "ddp",
+        "max_epochs": 1,
+        "logger": False,
+        "enable_checkpointing": False,
+        "torch_dist_backend": "gloo",
+        "torch_dist_init_method": f"file://{rendezvous_dir}/",
+    }
     if source == "yaml":
         config = tmp_path / "fit.yaml"  # not config.yaml: Lightning saves the resolved config under that name
         config.write_text(yaml.safe_dump({"trainer": trainer, "model": {"out": str(out)}}))

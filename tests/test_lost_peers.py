@@ -46,14 +46,17 @@ def test_without_a_process_group_there_is_nobody_to_ask():
     assert lost_peers_message(rank=0, world_size=2, wait_s=0.5) is None
 
 
-@pytest.mark.parametrize("error, timed_out", [
-    (RuntimeError("[gloo/transport/tcp/unbound_buffer.cc:78] Timed out waiting 15000ms for recv operation"), True),
-    (RuntimeError("[gloo/transport/tcp/unbound_buffer.cc:129] Timed out waiting 15000ms for send operation"), True),
-    (RuntimeError("Application timeout caused pair closure"), True),  # seen on a node cut off mid-fit
-    # A dead peer: gloo names it, and the launcher is stopping everyone; asking around would only delay that.
-    (RuntimeError("[gloo/transport/tcp/pair.cc:534] Connection closed by peer [198.18.0.2]:5712"), False),
-    (KeyError("no weights for this dataset"), False),
-    (RuntimeError("mat1 and mat2 shapes cannot be multiplied"), False),
-])
+@pytest.mark.parametrize(
+    "error, timed_out",
+    [
+        (RuntimeError("[gloo/transport/tcp/unbound_buffer.cc:78] Timed out waiting 15000ms for recv operation"), True),
+        (RuntimeError("[gloo/transport/tcp/unbound_buffer.cc:129] Timed out waiting 15000ms for send operation"), True),
+        (RuntimeError("Application timeout caused pair closure"), True),  # seen on a node cut off mid-fit
+        # A dead peer: gloo names it, and the launcher is stopping everyone; asking around would only delay that.
+        (RuntimeError("[gloo/transport/tcp/pair.cc:534] Connection closed by peer [198.18.0.2]:5712"), False),
+        (KeyError("no weights for this dataset"), False),
+        (RuntimeError("mat1 and mat2 shapes cannot be multiplied"), False),
+    ],
+)
 def test_only_a_collective_timeout_asks_who_is_lost(error, timed_out):
     assert is_collective_timeout(error) is timed_out

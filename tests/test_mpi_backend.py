@@ -62,7 +62,11 @@ print(repr(dist.Backend("mpi4py")), "mpi4py" in dist.Backend.backend_list, "mpi"
       mpi.mpi_init_method(), mpi.backend_for_mpi(), "mpi4py.MPI" in sys.modules)
 """
     completed = subprocess.run(
-        [sys.executable, "-c", code], cwd=MPI_JOBS, env=mpi_job_environment(), capture_output=True, text=True,
+        [sys.executable, "-c", code],
+        cwd=MPI_JOBS,
+        env=mpi_job_environment(),
+        capture_output=True,
+        text=True,
         timeout=120,
     )
     assert completed.returncode == 0, completed.stderr
@@ -172,8 +176,19 @@ def test_every_collective_gives_the_expected_values(collectives_job: Collectives
 
 
 ROUTE_OPERATIONS = (
-    "allreduce", "broadcast", "all_gather", "all_gather_into_tensor", "gather", "scatter", "reduce", "reduce_scatter",
-    "reduce_scatter_tensor", "all_to_all_single", "all_to_all", "barrier", "isend_irecv",
+    "allreduce",
+    "broadcast",
+    "all_gather",
+    "all_gather_into_tensor",
+    "gather",
+    "scatter",
+    "reduce",
+    "reduce_scatter",
+    "reduce_scatter_tensor",
+    "all_to_all_single",
+    "all_to_all",
+    "barrier",
+    "isend_irecv",
 )
 
 
@@ -216,7 +231,7 @@ def test_reductions_sparse_ones_and_ddp_and_fsdp_training_are_bitwise_equal_to_g
         assert not [line for line in lines if "MISMATCH" in line], output
         results = [re.fullmatch(rf"rank {rank}: (\d+) comparisons \((\d+) FSDP parameters, (\d+) sparse\), "
                                 r"(\d+) bitwise equal", line) for line in lines]  # fmt: skip
-        (total, fsdp, sparse, equal), = [tuple(map(int, found.groups())) for found in results if found]
+        ((total, fsdp, sparse, equal),) = [tuple(map(int, found.groups())) for found in results if found]
         assert total == equal > 60
         assert fsdp == 8  # weight and bias of two layers, for FSDP1 and FSDP2
         assert sparse == 5  # two sparse all-reduces; DDP's embedding weight and its linear layer's weight and bias
@@ -276,8 +291,11 @@ def test_an_mpi_error_ends_the_job_at_once_saying_so(mode: str, shape: str) -> N
     started = re.search(r"broadcasting since ([\d.]+)", job.output)
     assert started, job.output[-6000:]
     assert ended - float(started.group(1)) <= WATCHDOG_MARGIN_S  # the 600 s timeout plays no part
-    assert re.search(rf"rank \d: broadcast from rank 7 of float32{shape} on the default process group failed with an "
-                     r"MPI error \(.*MPI_ERR_ROOT", job.output), job.output[-6000:]
+    assert re.search(
+        rf"rank \d: broadcast from rank 7 of float32{shape} on the default process group failed with an "
+        r"MPI error \(.*MPI_ERR_ROOT",
+        job.output,
+    ), job.output[-6000:]
     assert "from an invalid root returned" not in job.output
 
 

@@ -23,9 +23,24 @@ JOB_LIMIT_S = 240  # start-up on a loaded 2-core machine included; far below the
 
 def run_failing_job(tmp_path: Path, *flags: str, ranks: int = 2):
     out_dir = tmp_path / "out"
-    command = ["timeout", "-k", "10", str(JOB_LIMIT_S), *openmpi_run(ranks), sys.executable, str(FIT_JOB),
-               "--out", str(out_dir), "--backend", "mpi", "--strategy", "ddp-instance", "--timeout", str(TIMEOUT_S),
-               *flags]
+    command = [
+        "timeout",
+        "-k",
+        "10",
+        str(JOB_LIMIT_S),
+        *openmpi_run(ranks),
+        sys.executable,
+        str(FIT_JOB),
+        "--out",
+        str(out_dir),
+        "--backend",
+        "mpi",
+        "--strategy",
+        "ddp-instance",
+        "--timeout",
+        str(TIMEOUT_S),
+        *flags,
+    ]
     result = run_command(command, cwd=tmp_path, out_dir=out_dir, timeout=JOB_LIMIT_S + 30)
     ended = time.time()
     assert result.returncode not in (0, 124, 137), result.output[-6000:]  # failed, but not by our time limit
@@ -43,8 +58,10 @@ def assert_ended_soon_after_the_failure(output: str, ended: float) -> None:
 def test_exception_in_training_step_ends_the_job_at_once(tmp_path):
     result, ended = run_failing_job(tmp_path, "--raise-at-step", "1", "--die-rank", "1")
     assert_ended_soon_after_the_failure(result.output, ended)
-    assert ("[lightning_dist_hooks.mpi] rank 1: ended with an unhandled exception: ZeroDivisionError: injected "
-            "failure in training_step on rank 1. Ending the MPI job with MPI_Abort") in result.output
+    assert (
+        "[lightning_dist_hooks.mpi] rank 1: ended with an unhandled exception: ZeroDivisionError: injected "
+        "failure in training_step on rank 1. Ending the MPI job with MPI_Abort"
+    ) in result.output
     assert "did not complete within the process group timeout" not in result.output
 
 
@@ -53,16 +70,21 @@ def test_exception_the_script_swallows_after_lightning_tore_down_still_ends_the_
     result, ended = run_failing_job(tmp_path, "--raise-at-step", "1", "--die-rank", "1", "--swallow-errors")
     assert_ended_soon_after_the_failure(result.output, ended)
     assert "rank 1 swallowed ZeroDivisionError" in result.output
-    assert ("[lightning_dist_hooks.mpi] rank 1: is exiting after a trainer stopped on ZeroDivisionError: injected "
-            "failure in training_step on rank 1. Ending the MPI job with MPI_Abort") in result.output
+    assert (
+        "[lightning_dist_hooks.mpi] rank 1: is exiting after a trainer stopped on ZeroDivisionError: injected "
+        "failure in training_step on rank 1. Ending the MPI job with MPI_Abort"
+    ) in result.output
 
 
 @needs_mpi
 def test_exception_in_configure_sampler_ends_the_job_at_once(tmp_path):
     result, ended = run_failing_job(tmp_path, "--sampler-hook", "raise")
     assert_ended_soon_after_the_failure(result.output, ended)
-    assert re.search(r"\[lightning_dist_hooks.mpi\] rank 1: ended with an unhandled exception: SamplerHookError: "
-                     r"configure_sampler raised KeyError on rank 1 of 2", result.output), result.output[-6000:]
+    assert re.search(
+        r"\[lightning_dist_hooks.mpi\] rank 1: ended with an unhandled exception: SamplerHookError: "
+        r"configure_sampler raised KeyError on rank 1 of 2",
+        result.output,
+    ), result.output[-6000:]
 
 
 @needs_mpi
@@ -76,5 +98,6 @@ def test_exception_in_setup_distributed_backend_ends_the_job_at_once(tmp_path):
 @needs_mpi
 def test_more_mpi_ranks_than_the_trainer_expects_fails_at_construction(tmp_path):
     result, _ = run_failing_job(tmp_path, ranks=3)
-    assert ("ValueError: Trainer(devices=2, num_nodes=1) makes a world of 2 processes, but the MPI launcher "
-            "started 3") in result.output, result.output[-6000:]
+    assert (
+        "ValueError: Trainer(devices=2, num_nodes=1) makes a world of 2 processes, but the MPI launcher started 3"
+    ) in result.output, result.output[-6000:]

@@ -516,8 +516,14 @@ GROUP_TIMEOUT_S = 5
 @needs_mpi_store
 def test_a_rank_that_never_reaches_a_store_wait_is_named_and_the_job_ends_after_the_timeout(tmp_path: Path) -> None:
     started = time.monotonic()
-    job = run_mpi_job("store_missing_rank.py", str(tmp_path), str(GROUP_TIMEOUT_S), ranks=3, timeout_s=JOB_TIMEOUT_S,
-                      report_dir=tmp_path)
+    job = run_mpi_job(
+        "store_missing_rank.py",
+        str(tmp_path),
+        str(GROUP_TIMEOUT_S),
+        ranks=3,
+        timeout_s=JOB_TIMEOUT_S,
+        report_dir=tmp_path,
+    )
     ended, job_seconds = time.time(), time.monotonic() - started
     returncode, output, reports = job.returncode, job.output, job.reports
     assert returncode != 0, output[-6000:]
@@ -574,8 +580,16 @@ def transport_job(tmp_path_factory: pytest.TempPathFactory) -> TransportJob:
     report_dir, pause_dir, tmp_dir, cwd = (base / name for name in ("reports", "pause", "tmp", "cwd"))
     for directory in (report_dir, pause_dir, tmp_dir, cwd):
         directory.mkdir()
-    job = run_mpi_job("store_mpi_transport.py", str(report_dir), str(pause_dir), timeout_s=JOB_TIMEOUT_S, cwd=cwd,
-                      env=job_environment(TMPDIR=str(tmp_dir)), report_dir=report_dir, pause_dir=pause_dir)
+    job = run_mpi_job(
+        "store_mpi_transport.py",
+        str(report_dir),
+        str(pause_dir),
+        timeout_s=JOB_TIMEOUT_S,
+        cwd=cwd,
+        env=job_environment(TMPDIR=str(tmp_dir)),
+        report_dir=report_dir,
+        pause_dir=pause_dir,
+    )
     records = {rank: json.loads(lines[-1]) for rank, lines in job.reports.items() if lines}
     return TransportJob(job.returncode, job.output, job.listening, records, tmp_dir, cwd)
 

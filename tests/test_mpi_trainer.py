@@ -13,8 +13,18 @@ from lightning_dist_hooks import Trainer, mpi
 
 def fit_under_mpirun(tmp_path, name: str, *flags: str):
     out_dir = tmp_path / name
-    command = ["timeout", "150", *openmpi_run(), sys.executable, str(FIT_JOB), "--out", str(out_dir), "--epochs", "2",
-               *flags]
+    command = [
+        "timeout",
+        "150",
+        *openmpi_run(),
+        sys.executable,
+        str(FIT_JOB),
+        "--out",
+        str(out_dir),
+        "--epochs",
+        "2",
+        *flags,
+    ]
     return run_command(command, cwd=tmp_path, out_dir=out_dir, timeout=180).assert_ok()
 
 
@@ -51,9 +61,12 @@ def test_mpi_fit_with_a_custom_sampler_and_sync_dist_logging(tmp_path):
 @pytest.mark.unit
 def test_mpi_without_mpi4py_names_the_install_command(monkeypatch):
     monkeypatch.setitem(sys.modules, "mpi4py", None)  # makes `import mpi4py` fail, as on a machine without it
-    with pytest.raises(ValueError, match=r"needs mpi4py, which is not installed. Install it: pip install "
-                                         r"\"mpi4py>=4\.0,<5\" \(from a clone of lightning-dist-hooks: pip install "
-                                         r"\"\.\[mpi\]\"\)"):
+    with pytest.raises(
+        ValueError,
+        match=r"needs mpi4py, which is not installed. Install it: pip install "
+        r"\"mpi4py>=4\.0,<5\" \(from a clone of lightning-dist-hooks: pip install "
+        r"\"\.\[mpi\]\"\)",
+    ):
         Trainer(accelerator="cpu", devices=2, strategy="ddp", torch_dist_backend="mpi", logger=False)
 
 
@@ -76,43 +89,71 @@ def test_mpi_selects_the_mpi4py_transport_and_the_socket_free_init_method(monkey
 @pytest.mark.parametrize("backend", ["gloo", "mpi4py", "cpu:gloo"])
 def test_mpi_init_method_takes_any_backend_under_an_mpi_launcher(monkeypatch, backend):
     as_if_started_by_mpirun(monkeypatch, ranks=2)
-    trainer = Trainer(accelerator="cpu", devices=2, strategy="ddp", torch_dist_backend=backend,
-                      torch_dist_init_method="mpi://", logger=False)
+    trainer = Trainer(
+        accelerator="cpu",
+        devices=2,
+        strategy="ddp",
+        torch_dist_backend=backend,
+        torch_dist_init_method="mpi://",
+        logger=False,
+    )
     assert (trainer.torch_dist_backend, trainer.torch_dist_init_method) == (backend, "mpi://")
 
 
 @pytest.mark.unit
 @pytest.mark.skipif(not mpi.is_available(), reason="needs mpi4py")
 def test_mpi_init_method_outside_an_mpi_launcher_names_the_launchers_and_another_init_method():
-    with pytest.raises(ValueError, match=r"torch_dist_init_method='mpi://' needs every rank started by an MPI "
-                                         r"launcher, but this process was not .* `srun --mpi=pmix "
-                                         r"--ntasks-per-node=2 python \.\.\.` under SLURM\), or use another init "
-                                         r"method, e\.g\. 'dir:///shared/rdzv/'"):
-        Trainer(accelerator="cpu", devices=2, strategy="ddp", torch_dist_backend="gloo",
-                torch_dist_init_method="mpi://", logger=False)
+    with pytest.raises(
+        ValueError,
+        match=r"torch_dist_init_method='mpi://' needs every rank started by an MPI "
+        r"launcher, but this process was not .* `srun --mpi=pmix "
+        r"--ntasks-per-node=2 python \.\.\.` under SLURM\), or use another init "
+        r"method, e\.g\. 'dir:///shared/rdzv/'",
+    ):
+        Trainer(
+            accelerator="cpu",
+            devices=2,
+            strategy="ddp",
+            torch_dist_backend="gloo",
+            torch_dist_init_method="mpi://",
+            logger=False,
+        )
 
 
 @pytest.mark.unit
 def test_mpi_init_method_without_mpi4py_names_the_install_command_and_a_socket_free_alternative(monkeypatch):
     monkeypatch.setitem(sys.modules, "mpi4py", None)  # makes `import mpi4py` fail, as on a machine without it
     as_if_started_by_mpirun(monkeypatch, ranks=2)
-    with pytest.raises(ValueError, match=r"torch_dist_init_method='mpi://' carries the rendezvous over MPI, which "
-                                         r"needs mpi4py, and this Python cannot import it\. Install it: pip install "
-                                         r"\"mpi4py>=4\.0,<5\".* or use another init method, e\.g\. "
-                                         r"'dir:///shared/rdzv/'"):
-        Trainer(accelerator="cpu", devices=2, strategy="ddp", torch_dist_backend="gloo",
-                torch_dist_init_method="mpi://", logger=False)
+    with pytest.raises(
+        ValueError,
+        match=r"torch_dist_init_method='mpi://' carries the rendezvous over MPI, which "
+        r"needs mpi4py, and this Python cannot import it\. Install it: pip install "
+        r"\"mpi4py>=4\.0,<5\".* or use another init method, e\.g\. "
+        r"'dir:///shared/rdzv/'",
+    ):
+        Trainer(
+            accelerator="cpu",
+            devices=2,
+            strategy="ddp",
+            torch_dist_backend="gloo",
+            torch_dist_init_method="mpi://",
+            logger=False,
+        )
 
 
 @pytest.mark.unit
 @pytest.mark.skipif(not mpi.is_available(), reason="needs mpi4py")
-@pytest.mark.parametrize("flags", [{"torch_dist_backend": "mpi"}, {"torch_dist_backend": "mpi4py",
-                                                                    "torch_dist_init_method": "mpi://"}])
+@pytest.mark.parametrize(
+    "flags", [{"torch_dist_backend": "mpi"}, {"torch_dist_backend": "mpi4py", "torch_dist_init_method": "mpi://"}]
+)
 def test_mpi_outside_an_mpi_launcher_says_to_start_with_mpirun(flags):
-    with pytest.raises(ValueError, match=r"torch_dist_backend='mpi(' \(the mpi4py transport\)|4py') needs every rank "
-                                         r"started by an MPI launcher, "
-                                         r"but this process was not .* Start the script with `mpirun -n 4 python "
-                                         r"\.\.\.` \(or `srun --mpi=pmix --ntasks-per-node=2"):
+    with pytest.raises(
+        ValueError,
+        match=r"torch_dist_backend='mpi(' \(the mpi4py transport\)|4py') needs every rank "
+        r"started by an MPI launcher, "
+        r"but this process was not .* Start the script with `mpirun -n 4 python "
+        r"\.\.\.` \(or `srun --mpi=pmix --ntasks-per-node=2",
+    ):
         Trainer(accelerator="cpu", devices=2, num_nodes=2, strategy="ddp", logger=False, **flags)
 
 
@@ -120,10 +161,13 @@ def test_mpi_outside_an_mpi_launcher_says_to_start_with_mpirun(flags):
 @pytest.mark.skipif(not mpi.is_available(), reason="needs mpi4py")
 def test_mpi_job_of_another_size_than_the_trainer_names_both(monkeypatch):
     as_if_started_by_mpirun(monkeypatch, ranks=3)
-    with pytest.raises(ValueError, match=r"Trainer\(devices=2, num_nodes=1\) makes a world of 2 processes, but the "
-                                         r"MPI launcher started 3 \(torch_dist_backend='mpi' \(the mpi4py "
-                                         r"transport\)\)\. Start the job "
-                                         r"with `mpirun -n 2`, or set devices x num_nodes to 3\."):
+    with pytest.raises(
+        ValueError,
+        match=r"Trainer\(devices=2, num_nodes=1\) makes a world of 2 processes, but the "
+        r"MPI launcher started 3 \(torch_dist_backend='mpi' \(the mpi4py "
+        r"transport\)\)\. Start the job "
+        r"with `mpirun -n 2`, or set devices x num_nodes to 3\.",
+    ):
         Trainer(accelerator="cpu", devices=2, strategy="ddp", torch_dist_backend="mpi", logger=False)
 
 
@@ -147,12 +191,16 @@ def test_devices_left_at_auto_under_mpirun_says_so_and_names_the_ranks_per_node(
 def test_devices_left_at_auto_on_several_nodes_names_devices_and_num_nodes(monkeypatch):
     for name, value in {"RANK": 0, "SIZE": 8, "LOCAL_RANK": 0, "LOCAL_SIZE": 4}.items():
         monkeypatch.setenv(f"OMPI_COMM_WORLD_{name}", str(value))
-    with pytest.raises(ValueError, match=r"^Trainer\(num_nodes=1\) leaves devices at its default \('auto': 1 process "
-                                         r"per node on CPU\), .* started 8 \(torch_dist_init_method='mpi://'\)\. "
-                                         r"Pass devices=4, the launcher's ranks per node, and num_nodes=2: "
-                                         r"Trainer\(devices=4, num_nodes=2\)\.$"):
-        Trainer(accelerator="cpu", strategy="ddp", torch_dist_backend="gloo", torch_dist_init_method="mpi://",
-                logger=False)
+    with pytest.raises(
+        ValueError,
+        match=r"^Trainer\(num_nodes=1\) leaves devices at its default \('auto': 1 process "
+        r"per node on CPU\), .* started 8 \(torch_dist_init_method='mpi://'\)\. "
+        r"Pass devices=4, the launcher's ranks per node, and num_nodes=2: "
+        r"Trainer\(devices=4, num_nodes=2\)\.$",
+    ):
+        Trainer(
+            accelerator="cpu", strategy="ddp", torch_dist_backend="gloo", torch_dist_init_method="mpi://", logger=False
+        )
 
 
 @pytest.mark.unit
@@ -161,17 +209,23 @@ def test_fabric_with_devices_left_at_auto_under_mpirun_names_itself(monkeypatch)
     from lightning_dist_hooks import Fabric
 
     as_if_started_by_mpirun(monkeypatch, ranks=2)
-    with pytest.raises(ValueError, match=r"^Fabric\(num_nodes=1\) leaves devices at its default \('auto': 1 process "
-                                         r"per node on CPU\).* Pass devices=2, the launcher's ranks per node: "
-                                         r"Fabric\(devices=2, num_nodes=1\)\.$"):
+    with pytest.raises(
+        ValueError,
+        match=r"^Fabric\(num_nodes=1\) leaves devices at its default \('auto': 1 process "
+        r"per node on CPU\).* Pass devices=2, the launcher's ranks per node: "
+        r"Fabric\(devices=2, num_nodes=1\)\.$",
+    ):
         Fabric(accelerator="cpu", strategy="ddp", torch_dist_backend="mpi")
 
 
 @pytest.mark.unit
 @pytest.mark.skipif(not mpi.is_available(), reason="needs mpi4py")
 def test_mpi_outside_an_mpi_launcher_names_the_backend_as_written():
-    with pytest.raises(ValueError, match=r"^torch_dist_backend='MPI' \(the mpi4py transport\) needs every rank "
-                                         r"started by an MPI launcher"):
+    with pytest.raises(
+        ValueError,
+        match=r"^torch_dist_backend='MPI' \(the mpi4py transport\) needs every rank "
+        r"started by an MPI launcher",
+    ):
         Trainer(accelerator="cpu", devices=2, strategy="ddp", torch_dist_backend="MPI", logger=False)
 
 
@@ -194,7 +248,9 @@ def assert_meets_through_the_mpi_store_as_file_does(ours, file, environment: str
         assert record["process_group_backend"] == "gloo"
         assert record["store"][-1] == "MpiStore" and "TCPStore" not in record["store"], record["store"]
         assert len(record["listening_tcp_ports"]) == len(file.ranks[rank]["listening_tcp_ports"]), (
-            record["listening_tcp_ports"], file.ranks[rank]["listening_tcp_ports"])
+            record["listening_tcp_ports"],
+            file.ranks[rank]["listening_tcp_ports"],
+        )
 
 
 @pytest.mark.slow
@@ -214,8 +270,24 @@ def test_gloo_through_mpi_trains_as_through_file_under_mpirun_with_no_tcp_store(
 def test_gloo_through_mpi_trains_as_through_file_under_srun_mpi_pmix(slurm_cluster, tmp_path):
     def fit_under_srun(name: str, *flags: str):
         out_dir = tmp_path / name
-        command = ["timeout", "150", "srun", "--mpi=pmix", "-N1", "--ntasks-per-node=2", "-J", "ldhmpistore",
-                   "--kill-on-bad-exit=1", sys.executable, str(FIT_JOB), "--out", str(out_dir), "--epochs", "2", *flags]
+        command = [
+            "timeout",
+            "150",
+            "srun",
+            "--mpi=pmix",
+            "-N1",
+            "--ntasks-per-node=2",
+            "-J",
+            "ldhmpistore",
+            "--kill-on-bad-exit=1",
+            sys.executable,
+            str(FIT_JOB),
+            "--out",
+            str(out_dir),
+            "--epochs",
+            "2",
+            *flags,
+        ]
         # Shared memory only between the ranks: what a site that forbids listening sockets sets.
         environment = {**slurm_environment(), "OMPI_MCA_btl": "self,vader"}
         return run_command(command, cwd=tmp_path, out_dir=out_dir, timeout=180, env=environment).assert_ok()
@@ -232,8 +304,18 @@ MPI_LIBRARY_FIX = "Fixes: for the MPI library's: start the job with mpirun --mca
 
 def fit_under(launcher: list[str], tmp_path, name: str, *flags: str):
     out_dir = tmp_path / name
-    command = ["timeout", "150", *launcher, sys.executable, str(FIT_JOB), "--out", str(out_dir), "--epochs", "1",
-               *flags]
+    command = [
+        "timeout",
+        "150",
+        *launcher,
+        sys.executable,
+        str(FIT_JOB),
+        "--out",
+        str(out_dir),
+        "--epochs",
+        "1",
+        *flags,
+    ]
     return run_command(command, cwd=tmp_path, out_dir=out_dir, timeout=180).assert_ok()
 
 
@@ -241,8 +323,8 @@ def plain_mpirun() -> list[str]:
     """``openmpi_run()`` without its ``--mca btl self,vader``: Open MPI's tcp transport then listens on every rank."""
     shared_memory_only = openmpi_run()
     at = shared_memory_only.index("btl") - 1
-    assert shared_memory_only[at:at + 3] == ["--mca", "btl", "self,vader"]
-    return shared_memory_only[:at] + shared_memory_only[at + 3:]
+    assert shared_memory_only[at : at + 3] == ["--mca", "btl", "self,vader"]
+    return shared_memory_only[:at] + shared_memory_only[at + 3 :]
 
 
 @pytest.mark.slow

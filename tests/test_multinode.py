@@ -42,8 +42,9 @@ _ports = itertools.count(29500)
 
 pytestmark = [pytest.mark.slow, pytest.mark.cluster]
 
-needs_openmpi = pytest.mark.skipif(shutil.which("mpirun.openmpi") is None,
-                                   reason="OpenMPI's mpirun is not installed (.ci/install)")
+needs_openmpi = pytest.mark.skipif(
+    shutil.which("mpirun.openmpi") is None, reason="OpenMPI's mpirun is not installed (.ci/install)"
+)
 
 
 @pytest.fixture
@@ -80,18 +81,41 @@ def environment(**overrides: str) -> dict[str, str]:
 
 
 def fit_flags(out_dir: Path, init_method: str, backend: str = "gloo") -> list[str]:
-    return ["--out", str(out_dir), "--init-method", init_method, "--backend", backend, "--setup-hook", "record",
-            "--devices", str(DEVICES), "--num-nodes", str(len(NODES)), "--epochs", "1",
-            "--strategy", "ddp-instance", "--timeout", str(PG_TIMEOUT_S)]
+    return [
+        "--out",
+        str(out_dir),
+        "--init-method",
+        init_method,
+        "--backend",
+        backend,
+        "--setup-hook",
+        "record",
+        "--devices",
+        str(DEVICES),
+        "--num-nodes",
+        str(len(NODES)),
+        "--epochs",
+        "1",
+        "--strategy",
+        "ddp-instance",
+        "--timeout",
+        str(PG_TIMEOUT_S),
+    ]
 
 
 def init_method_url(kind: str, rendezvous_dir: Path, port: int) -> str:
-    return {"env": "env://", "tcp": f"tcp://{MAIN.address}:{port}", "file-dir": f"file://{rendezvous_dir}/",
-            "file-name": f"file://{rendezvous_dir}/run42", "mpi": "mpi://"}[kind]
+    return {
+        "env": "env://",
+        "tcp": f"tcp://{MAIN.address}:{port}",
+        "file-dir": f"file://{rendezvous_dir}/",
+        "file-name": f"file://{rendezvous_dir}/run42",
+        "mpi": "mpi://",
+    }[kind]
 
 
-def assert_multinode_fit(result: JobResult, environment_name: str, init_method: str, rendezvous_dir: Path,
-                         backend: str = "gloo") -> None:
+def assert_multinode_fit(
+    result: JobResult, environment_name: str, init_method: str, rendezvous_dir: Path, backend: str = "gloo"
+) -> None:
     """Ranks 0..3 ran 2 per node in block order on the right hosts, met through ``init_method``, trained the same
     weights over the nodes' eth0 addresses, and left the rendezvous directory empty."""
     result.assert_ok()
@@ -130,8 +154,11 @@ def assert_gloo_used_eth0(rank: int, record: dict, node) -> None:
     """gloo's ring all-reduce connects every rank to a rank on the other node, from its own eth0 address
     (GLOO_SOCKET_IFNAME=eth0) to the peer node's eth0 address. Bound to lo, or to a host name resolving to
     127.0.x.x, gloo could make no such connection. (gloo connects pairs lazily: only ring neighbours appear.)"""
-    to_other_nodes = [(local, remote) for local, remote in record["tcp_connections"]
-                      if remote.split(":")[0] in NODE_ADDRESSES and remote.split(":")[0] != node.address]
+    to_other_nodes = [
+        (local, remote)
+        for local, remote in record["tcp_connections"]
+        if remote.split(":")[0] in NODE_ADDRESSES and remote.split(":")[0] != node.address
+    ]
     assert to_other_nodes, f"rank {rank} has no connection to another node: {record['tcp_connections']}"
     assert {local.split(":")[0] for local, _ in to_other_nodes} == {node.address}, f"rank {rank}: {to_other_nodes}"
 
@@ -139,25 +166,37 @@ def assert_gloo_used_eth0(rank: int, record: dict, node) -> None:
 # ---------------------------------------------------------------- Lightning's own launcher, once per node
 
 
-def lightning_per_node(tmp_path: Path, flags: list[str], nodes=NODES, env: dict | None = None,
-                       timeout: float = JOB_TIMEOUT_S) -> JobResult:
+def lightning_per_node(
+    tmp_path: Path, flags: list[str], nodes=NODES, env: dict | None = None, timeout: float = JOB_TIMEOUT_S
+) -> JobResult:
     """``python fit_job.py`` on each node with NODE_RANK and node 0's MASTER_ADDR/MASTER_PORT, as Lightning's docs
     say for a general cluster; each starts its node's other ranks itself."""
     port = str(next(_ports))
-    commands = {node.name: node.command(["env", f"NODE_RANK={node.index}", f"MASTER_ADDR={MAIN.address}",
-                                         f"MASTER_PORT={port}", sys.executable, str(FIT_JOB), *flags])
-                for node in nodes}
+    commands = {
+        node.name: node.command(
+            [
+                "env",
+                f"NODE_RANK={node.index}",
+                f"MASTER_ADDR={MAIN.address}",
+                f"MASTER_PORT={port}",
+                sys.executable,
+                str(FIT_JOB),
+                *flags,
+            ]
+        )
+        for node in nodes
+    }
     return run_per_node(commands, tmp_path, Path(flags[flags.index("--out") + 1]), env or environment(), timeout)
 
 
-def run_per_node(commands: dict[str, list[str]], cwd: Path, out_dir: Path, env: dict[str, str],
-                 timeout: float) -> JobResult:
+def run_per_node(
+    commands: dict[str, list[str]], cwd: Path, out_dir: Path, env: dict[str, str], timeout: float
+) -> JobResult:
     """Run one command per node to completion; the result's exit code is the worst (124: killed at timeout)."""
     processes = start_on_nodes(commands, cwd=cwd, env=env)
     exit_codes = processes.wait(timeout)
     worst = max((124 if code is None else code for code in exit_codes.values()), key=abs)
-    ranks = {record["rank"]: record for record in
-             (json.loads(path.read_text()) for path in out_dir.glob("rank*.json"))}
+    ranks = {record["rank"]: record for record in (json.loads(path.read_text()) for path in out_dir.glob("rank*.json"))}
     return JobResult(worst, processes.output(), out_dir, ranks)
 
 
@@ -188,10 +227,30 @@ def test_lightning_launcher_per_node_refuses_a_per_launch_file(cluster, tmp_path
 def test_torchrun_per_node(cluster, tmp_path, rendezvous_dir, kind):
     init_method = init_method_url(kind, rendezvous_dir, next(_ports))
     rendezvous_endpoint = f"{MAIN.address}:{next(_ports)}"
-    commands = {node.name: node.command([
-        sys.executable, "-m", "torch.distributed.run", "--nnodes", str(len(NODES)), "--node-rank", str(node.index),
-        "--nproc-per-node", str(DEVICES), "--rdzv-backend", "c10d", "--rdzv-endpoint", rendezvous_endpoint,
-        "--rdzv-id", f"job-{kind}", str(FIT_JOB), *fit_flags(tmp_path / "out", init_method)]) for node in NODES}
+    commands = {
+        node.name: node.command(
+            [
+                sys.executable,
+                "-m",
+                "torch.distributed.run",
+                "--nnodes",
+                str(len(NODES)),
+                "--node-rank",
+                str(node.index),
+                "--nproc-per-node",
+                str(DEVICES),
+                "--rdzv-backend",
+                "c10d",
+                "--rdzv-endpoint",
+                rendezvous_endpoint,
+                "--rdzv-id",
+                f"job-{kind}",
+                str(FIT_JOB),
+                *fit_flags(tmp_path / "out", init_method),
+            ]
+        )
+        for node in NODES
+    }
     result = run_per_node(commands, tmp_path, tmp_path / "out", environment(), JOB_TIMEOUT_S)
     assert_multinode_fit(result, "TorchElasticEnvironment", init_method, rendezvous_dir)
 
@@ -204,10 +263,37 @@ def openmpi_command(tmp_path: Path, mapping: str = f"ppr:{DEVICES}:node", *, np:
     fresh environment: only what -x forwards arrives), MPI's own traffic on eth0 over TCP."""
     hostfile = tmp_path / "hostfile"
     hostfile.write_text("".join(f"{node.name} slots={DEVICES}\n" for node in NODES))
-    return ["mpirun.openmpi", "--allow-run-as-root", "--oversubscribe", "-n", str(np), "--hostfile", str(hostfile),
-            "--map-by", mapping, "--mca", "plm_rsh_agent", str(CLUSTER_RSH), "--mca", "oob_tcp_if_include", "eth0",
-            "--mca", "btl", "tcp,self", "--mca", "btl_tcp_if_include", "eth0",
-            "-x", "PYTHONPATH", "-x", "GLOO_SOCKET_IFNAME", "-x", "OMP_NUM_THREADS", "-x", "PYTHONUNBUFFERED"]
+    return [
+        "mpirun.openmpi",
+        "--allow-run-as-root",
+        "--oversubscribe",
+        "-n",
+        str(np),
+        "--hostfile",
+        str(hostfile),
+        "--map-by",
+        mapping,
+        "--mca",
+        "plm_rsh_agent",
+        str(CLUSTER_RSH),
+        "--mca",
+        "oob_tcp_if_include",
+        "eth0",
+        "--mca",
+        "btl",
+        "tcp,self",
+        "--mca",
+        "btl_tcp_if_include",
+        "eth0",
+        "-x",
+        "PYTHONPATH",
+        "-x",
+        "GLOO_SOCKET_IFNAME",
+        "-x",
+        "OMP_NUM_THREADS",
+        "-x",
+        "PYTHONUNBUFFERED",
+    ]
 
 
 @pytest.mark.mpi
@@ -217,12 +303,21 @@ def test_openmpi_mpirun_over_a_host_file(cluster, tmp_path, rendezvous_dir, kind
     init_method = init_method_url(kind, rendezvous_dir, next(_ports))
     # env://: OpenMPI gives no main address for more than one node; MASTER_ADDR names node 0 (the port is derived).
     forwarded = ["-x", f"MASTER_ADDR={MAIN.address}"] if kind == "env" else []
-    command = MAIN.command(["timeout", str(JOB_TIMEOUT_S), *openmpi_command(tmp_path), *forwarded,
-                            sys.executable, str(FIT_JOB), *fit_flags(tmp_path / "out", init_method, backend)])
-    result = run_command(command, cwd=tmp_path, out_dir=tmp_path / "out", timeout=JOB_TIMEOUT_S + 30,
-                         env=environment())
-    assert_multinode_fit(result, "OpenMPIEnvironment", init_method, rendezvous_dir,
-                         backend="mpi4py" if backend == "mpi" else backend)
+    command = MAIN.command(
+        [
+            "timeout",
+            str(JOB_TIMEOUT_S),
+            *openmpi_command(tmp_path),
+            *forwarded,
+            sys.executable,
+            str(FIT_JOB),
+            *fit_flags(tmp_path / "out", init_method, backend),
+        ]
+    )
+    result = run_command(command, cwd=tmp_path, out_dir=tmp_path / "out", timeout=JOB_TIMEOUT_S + 30, env=environment())
+    assert_multinode_fit(
+        result, "OpenMPIEnvironment", init_method, rendezvous_dir, backend="mpi4py" if backend == "mpi" else backend
+    )
 
 
 @pytest.mark.mpi
@@ -233,15 +328,16 @@ def test_openmpi_round_robin_placement_fails_at_start(cluster, tmp_path, rendezv
     # num_nodes are tests/test_environments.py's.)
     flags = fit_flags(tmp_path / "out", f"file://{rendezvous_dir}/")
     flags[flags.index("--timeout") + 1] = "300"
-    command = MAIN.command(["timeout", "120", *openmpi_command(tmp_path, "node"), sys.executable, str(FIT_JOB),
-                            *flags])
+    command = MAIN.command(["timeout", "120", *openmpi_command(tmp_path, "node"), sys.executable, str(FIT_JOB), *flags])
     started = time.monotonic()
     result = run_command(command, cwd=tmp_path, out_dir=tmp_path / "out", timeout=150, env=environment())
     assert result.returncode not in (0, 124), result.output[-4000:]
     assert time.monotonic() - started < 120, "the job must stop at start-up, not at the process-group timeout"
-    assert re.search(r"ValueError: OpenMPIEnvironment: rank \d has local rank \d, but with 2 consecutive ranks per "
-                     r"node it would have local rank \d: the launcher placed the ranks round-robin", result.output), \
-        result.output[-4000:]
+    assert re.search(
+        r"ValueError: OpenMPIEnvironment: rank \d has local rank \d, but with 2 consecutive ranks per "
+        r"node it would have local rank \d: the launcher placed the ranks round-robin",
+        result.output,
+    ), result.output[-4000:]
     assert result.ranks == {}
 
 
@@ -257,29 +353,48 @@ def test_srun_on_two_nodes(slurm, tmp_path, rendezvous_dir, kind):
     # env://: no MASTER_ADDR/MASTER_PORT; SLURMEnvironment takes node 0 from SLURM_NODELIST (ldh-n0, resolved
     # through /etc/hosts to 198.18.0.1) and derives the port from the job id.
     init_method = init_method_url(kind, rendezvous_dir, next(_ports))
-    command = MAIN.command(["timeout", str(JOB_TIMEOUT_S), "srun", f"--nodes={len(NODES)}",
-                            f"--ntasks-per-node={DEVICES}", "--kill-on-bad-exit=1", "-J", "ldhmulti",
-                            sys.executable, str(FIT_JOB), *fit_flags(tmp_path / "out", init_method)])
-    result = run_command(command, cwd=tmp_path, out_dir=tmp_path / "out", timeout=JOB_TIMEOUT_S + 30,
-                         env=slurm_environment(slurm))
+    command = MAIN.command(
+        [
+            "timeout",
+            str(JOB_TIMEOUT_S),
+            "srun",
+            f"--nodes={len(NODES)}",
+            f"--ntasks-per-node={DEVICES}",
+            "--kill-on-bad-exit=1",
+            "-J",
+            "ldhmulti",
+            sys.executable,
+            str(FIT_JOB),
+            *fit_flags(tmp_path / "out", init_method),
+        ]
+    )
+    result = run_command(
+        command, cwd=tmp_path, out_dir=tmp_path / "out", timeout=JOB_TIMEOUT_S + 30, env=slurm_environment(slurm)
+    )
     assert_multinode_fit(result, "SLURMEnvironment", init_method, rendezvous_dir)
 
 
 def test_sbatch_on_two_nodes_with_a_per_job_file(slurm, tmp_path, rendezvous_dir):
     init_method = f"file://{rendezvous_dir}/"
+    flags = " ".join(fit_flags(tmp_path / "out", init_method))
     script = tmp_path / "job.sbatch"
-    script.write_text("\n".join([
-        "#!/bin/bash",
-        "#SBATCH --job-name=ldhmulti",
-        f"#SBATCH --nodes={len(NODES)}",
-        f"#SBATCH --ntasks-per-node={DEVICES}",
-        f"#SBATCH --output={tmp_path}/slurm-%j.out",
-        f"srun --kill-on-bad-exit=1 {sys.executable} {FIT_JOB} {' '.join(fit_flags(tmp_path / 'out', init_method))}",
-        "",
-    ]))
+    script.write_text(
+        "\n".join(
+            [
+                "#!/bin/bash",
+                "#SBATCH --job-name=ldhmulti",
+                f"#SBATCH --nodes={len(NODES)}",
+                f"#SBATCH --ntasks-per-node={DEVICES}",
+                f"#SBATCH --output={tmp_path}/slurm-%j.out",
+                f"srun --kill-on-bad-exit=1 {sys.executable} {FIT_JOB} {flags}",
+                "",
+            ]
+        )
+    )
     command = MAIN.command(["timeout", str(JOB_TIMEOUT_S), "sbatch", "--wait", str(script)])
-    result = run_command(command, cwd=tmp_path, out_dir=tmp_path / "out", timeout=JOB_TIMEOUT_S + 30,
-                         env=slurm_environment(slurm))
+    result = run_command(
+        command, cwd=tmp_path, out_dir=tmp_path / "out", timeout=JOB_TIMEOUT_S + 30, env=slurm_environment(slurm)
+    )
     result.output += "".join(log.read_text()[-6000:] for log in tmp_path.glob("slurm-*.out"))
     assert_multinode_fit(result, "SLURMEnvironment", init_method, rendezvous_dir)
     assert "SLURM_JOB_ID-" in result.ranks[0]["setup_calls"][0]["init_method"]
@@ -303,10 +418,14 @@ os.unlink(os.path.join(sys.argv[1], ".probe"))
 
 def flock_environment(shim: Path, rendezvous_dir: Path, flock: str) -> dict[str, str]:
     """The job's environment with the shim, after checking that flock in ``rendezvous_dir`` really does ``flock``."""
-    env = environment(LD_PRELOAD=str(shim), LDH_NOLOCK_DIR=str(rendezvous_dir),
-                      **({"LDH_NOLOCK_MODE": "noop"} if flock == "no-op" else {}))
-    probe = subprocess.run([sys.executable, "-c", _FLOCK_PROBE, str(rendezvous_dir)], env=env, capture_output=True,
-                           text=True, timeout=60)
+    env = environment(
+        LD_PRELOAD=str(shim),
+        LDH_NOLOCK_DIR=str(rendezvous_dir),
+        **({"LDH_NOLOCK_MODE": "noop"} if flock == "no-op" else {}),
+    )
+    probe = subprocess.run(
+        [sys.executable, "-c", _FLOCK_PROBE, str(rendezvous_dir)], env=env, capture_output=True, text=True, timeout=60
+    )
     expected = "both exclusive locks granted" if flock == "no-op" else "ENOLCK"
     assert probe.stdout.strip() == expected, probe.stdout + probe.stderr
     return env
@@ -315,20 +434,42 @@ def flock_environment(shim: Path, rendezvous_dir: Path, flock: str) -> dict[str,
 @pytest.mark.parametrize("flock", ["fails", "no-op"])
 def test_dir_trains_across_nodes_whatever_flock_does(cluster, tmp_path, rendezvous_dir, flock_shim, flock):
     init_method = f"dir://{rendezvous_dir}/run42"
-    result = lightning_per_node(tmp_path, fit_flags(tmp_path / "out", init_method),
-                                env=flock_environment(flock_shim, rendezvous_dir, flock))
+    result = lightning_per_node(
+        tmp_path, fit_flags(tmp_path / "out", init_method), env=flock_environment(flock_shim, rendezvous_dir, flock)
+    )
     assert_multinode_fit(result, "LightningEnvironment", init_method, rendezvous_dir)
 
 
 def test_dir_per_launch_under_torchrun_with_flock_failing(cluster, tmp_path, rendezvous_dir, flock_shim):
     init_method = f"dir://{rendezvous_dir}/"
     rendezvous_endpoint = f"{MAIN.address}:{next(_ports)}"
-    commands = {node.name: node.command([
-        sys.executable, "-m", "torch.distributed.run", "--nnodes", str(len(NODES)), "--node-rank", str(node.index),
-        "--nproc-per-node", str(DEVICES), "--rdzv-backend", "c10d", "--rdzv-endpoint", rendezvous_endpoint,
-        "--rdzv-id", "job-dir", str(FIT_JOB), *fit_flags(tmp_path / "out", init_method)]) for node in NODES}
-    result = run_per_node(commands, tmp_path, tmp_path / "out", flock_environment(flock_shim, rendezvous_dir, "fails"),
-                          JOB_TIMEOUT_S)
+    commands = {
+        node.name: node.command(
+            [
+                sys.executable,
+                "-m",
+                "torch.distributed.run",
+                "--nnodes",
+                str(len(NODES)),
+                "--node-rank",
+                str(node.index),
+                "--nproc-per-node",
+                str(DEVICES),
+                "--rdzv-backend",
+                "c10d",
+                "--rdzv-endpoint",
+                rendezvous_endpoint,
+                "--rdzv-id",
+                "job-dir",
+                str(FIT_JOB),
+                *fit_flags(tmp_path / "out", init_method),
+            ]
+        )
+        for node in NODES
+    }
+    result = run_per_node(
+        commands, tmp_path, tmp_path / "out", flock_environment(flock_shim, rendezvous_dir, "fails"), JOB_TIMEOUT_S
+    )
     assert_multinode_fit(result, "TorchElasticEnvironment", init_method, rendezvous_dir)
 
 
@@ -359,15 +500,27 @@ def test_a_node_whose_network_goes_down_mid_fit_ends_every_rank(cluster, tmp_pat
     flags = [*fit_flags(tmp_path / "out", "env://"), "--training-marker", str(marker), "--step-seconds", "0.5"]
     flags[flags.index("--epochs") + 1] = "100"
     port = str(next(_ports))
-    commands = {node.name: node.command(["env", f"NODE_RANK={node.index}", f"MASTER_ADDR={MAIN.address}",
-                                         f"MASTER_PORT={port}", sys.executable, str(FIT_JOB), *flags])
-                for node in NODES}
+    commands = {
+        node.name: node.command(
+            [
+                "env",
+                f"NODE_RANK={node.index}",
+                f"MASTER_ADDR={MAIN.address}",
+                f"MASTER_PORT={port}",
+                sys.executable,
+                str(FIT_JOB),
+                *flags,
+            ]
+        )
+        for node in NODES
+    }
     processes = start_on_nodes(commands, cwd=tmp_path, env=environment())
     try:
         deadline = time.monotonic() + JOB_TIMEOUT_S
         while not all(Path(f"{marker}.rank{rank}").exists() for rank in range(WORLD_SIZE)):
-            assert time.monotonic() < deadline and all(p.poll() is None for p in processes.processes.values()), \
+            assert time.monotonic() < deadline and all(p.poll() is None for p in processes.processes.values()), (
                 processes.output()
+            )
             time.sleep(0.2)
         subprocess.run(["ip", "-n", NODES[1].name, "link", "set", "eth0", "down"], check=True)
         cut = time.monotonic()
@@ -395,19 +548,39 @@ DOCTOR_TIMEOUT_S = 60  # a healthy rendezvous: 4 ranks importing torch and Light
 TABLE_ROW = re.compile(r"^(\d+)\s+(\d+)\s+(\d+)\s+(\S+)\s+(\S+)\s+\d+\s", re.MULTILINE)
 
 
-def doctor_per_node(tmp_path: Path, flags: list[str],
-                    mount_namespace_on_node_1: str = "") -> tuple[dict[str, int | None], dict[str, str]]:
+def doctor_per_node(
+    tmp_path: Path, flags: list[str], mount_namespace_on_node_1: str = ""
+) -> tuple[dict[str, int | None], dict[str, str]]:
     """The doctor started like ``lightning_per_node``'s job: Lightning's launcher once per node, with NODE_RANK
     and node 0's MASTER_ADDR/MASTER_PORT. ``mount_namespace_on_node_1``: a shell command run first, in a mount
     namespace of node 1's own. Returns each node's exit code (None: killed at the time limit) and output."""
     port = str(next(_ports))
     commands = {}
     for node in NODES:
-        command = ["env", f"NODE_RANK={node.index}", f"MASTER_ADDR={MAIN.address}", f"MASTER_PORT={port}", *DOCTOR,
-                   "--devices", str(DEVICES), "--num-nodes", str(len(NODES)), *flags]
+        command = [
+            "env",
+            f"NODE_RANK={node.index}",
+            f"MASTER_ADDR={MAIN.address}",
+            f"MASTER_PORT={port}",
+            *DOCTOR,
+            "--devices",
+            str(DEVICES),
+            "--num-nodes",
+            str(len(NODES)),
+            *flags,
+        ]
         if node.index == 1 and mount_namespace_on_node_1:
-            command = ["unshare", "-m", "--propagation", "private", "sh", "-c",
-                       f'{mount_namespace_on_node_1} && exec "$@"', "sh", *command]
+            command = [
+                "unshare",
+                "-m",
+                "--propagation",
+                "private",
+                "sh",
+                "-c",
+                f'{mount_namespace_on_node_1} && exec "$@"',
+                "sh",
+                *command,
+            ]
         commands[node.name] = node.command(command)
     processes = start_on_nodes(commands, cwd=tmp_path, env=environment())
     codes = processes.wait(DOCTOR_TIMEOUT_S + MARGIN_S)
@@ -415,25 +588,34 @@ def doctor_per_node(tmp_path: Path, flags: list[str],
 
 
 def test_doctor_on_two_nodes_is_healthy(cluster, tmp_path, rendezvous_dir):
-    codes, outputs = doctor_per_node(tmp_path, ["--init-method", f"file://{rendezvous_dir}/doctor42",
-                                                "--timeout", str(DOCTOR_TIMEOUT_S)])
+    codes, outputs = doctor_per_node(
+        tmp_path, ["--init-method", f"file://{rendezvous_dir}/doctor42", "--timeout", str(DOCTOR_TIMEOUT_S)]
+    )
     report = outputs[MAIN.name]
     assert codes == {node.name: 0 for node in NODES}, f"{codes}\n{report[-6000:]}\n{outputs[NODES[1].name][-3000:]}"
     private = rendezvous_dir / f"ldh-uid-{os.geteuid()}"
-    assert (f"lightning-dist-hooks doctor: {WORLD_SIZE} ranks, backend gloo, init method file://{private}/doctor42"
-            in report), report[-6000:]
-    rows = [(int(rank), int(node_rank), int(local_rank), host, addresses)
-            for rank, node_rank, local_rank, host, addresses in TABLE_ROW.findall(report)]
+    assert (
+        f"lightning-dist-hooks doctor: {WORLD_SIZE} ranks, backend gloo, init method file://{private}/doctor42"
+        in report
+    ), report[-6000:]
+    rows = [
+        (int(rank), int(node_rank), int(local_rank), host, addresses)
+        for rank, node_rank, local_rank, host, addresses in TABLE_ROW.findall(report)
+    ]
     # Ranks in block order, 2 per node, each on its own node's host, whose name resolves to its eth0 address.
-    assert rows == [(rank, rank // DEVICES, rank % DEVICES, NODES[rank // DEVICES].name,
-                     NODES[rank // DEVICES].address) for rank in range(WORLD_SIZE)], report[-6000:]
+    assert rows == [
+        (rank, rank // DEVICES, rank % DEVICES, NODES[rank // DEVICES].name, NODES[rank // DEVICES].address)
+        for rank in range(WORLD_SIZE)
+    ], report[-6000:]
     assert "environment: LightningEnvironment (" in report
     assert "GLOO_SOCKET_IFNAME=eth0" in report
-    for line in ("ok    all-reduce: the all-reduce sums correctly on every rank",
-                 f"ok    tasks-per-node: {DEVICES} ranks on each host, as devices",
-                 f"ok    nodes: {len(NODES)} host(s), as num_nodes",
-                 "ok    host-name: host names resolve to addresses the ranks can use",
-                 f"ok    shared-directory: every rank sees the same {private}"):
+    for line in (
+        "ok    all-reduce: the all-reduce sums correctly on every rank",
+        f"ok    tasks-per-node: {DEVICES} ranks on each host, as devices",
+        f"ok    nodes: {len(NODES)} host(s), as num_nodes",
+        "ok    host-name: host names resolve to addresses the ranks can use",
+        f"ok    shared-directory: every rank sees the same {private}",
+    ):
         assert line in report, report[-6000:]
     assert "\nevery check passed\n" in report, report[-6000:]  # (the logs hold the ranks' stderr too)
     assert "verdicts:" not in outputs[NODES[1].name], "only rank 0 prints the report"
@@ -444,33 +626,62 @@ def test_doctor_on_two_nodes_finds_a_rendezvous_directory_of_each_node_its_own(c
     # Node 1 sees its own (empty) tmpfs at the rendezvous directory's path, as a node-local /tmp would be: each
     # node's ranks meet only each other's tokens and files, and every rank gives up at the timeout.
     started = time.monotonic()
-    codes, outputs = doctor_per_node(tmp_path, ["--init-method", f"file://{rendezvous_dir}/doctor42",
-                                                "--timeout", str(FAULT_TIMEOUT_S)],
-                                     mount_namespace_on_node_1=f'mount -t tmpfs doctor-test "{rendezvous_dir}"')
+    codes, outputs = doctor_per_node(
+        tmp_path,
+        ["--init-method", f"file://{rendezvous_dir}/doctor42", "--timeout", str(FAULT_TIMEOUT_S)],
+        mount_namespace_on_node_1=f'mount -t tmpfs doctor-test "{rendezvous_dir}"',
+    )
     elapsed = time.monotonic() - started
     node0, node1 = (outputs[node.name] for node in NODES)
     assert all(code not in (0, None) for code in codes.values()), f"{codes}\n{node0[-6000:]}\n{node1[-3000:]}"
     assert elapsed < FAULT_TIMEOUT_S + MARGIN_S
     private = rendezvous_dir / f"ldh-uid-{os.geteuid()}"
-    assert (f"FAIL  shared-directory: {private} holds the doctor's tokens of ranks [0, 1] only: ranks [2, 3] never "
-            "started, gave up already, or wrote theirs to a different directory of that name on their node"
-            in node0), node0[-6000:]
+    assert (
+        f"FAIL  shared-directory: {private} holds the doctor's tokens of ranks [0, 1] only: ranks [2, 3] never "
+        "started, gave up already, or wrote theirs to a different directory of that name on their node" in node0
+    ), node0[-6000:]
     assert "is not the same directory on every node (a node-local /tmp?)" in node0
     assert f"FAIL  shared-directory: {private} holds the doctor's tokens of ranks [2, 3] only" in node1, node1[-6000:]
     assert "ranks that never arrived: [2, 3]" in node0, node0[-6000:]
     assert wait_until_empty(rendezvous_dir) == [], "node 0's ranks remove their files and tokens"
 
 
-def test_doctor_under_torchrun_on_two_nodes_finds_a_node_count_other_than_num_nodes(cluster, tmp_path,
-                                                                                     rendezvous_dir):
+def test_doctor_under_torchrun_on_two_nodes_finds_a_node_count_other_than_num_nodes(cluster, tmp_path, rendezvous_dir):
     # torchrun --nnodes 2 for a job that asks for num_nodes=1: the doctor still meets all 4 ranks and says so.
     rendezvous_endpoint = f"{MAIN.address}:{next(_ports)}"
-    commands = {node.name: node.command([
-        sys.executable, "-m", "torch.distributed.run", "--nnodes", str(len(NODES)), "--node-rank", str(node.index),
-        "--nproc-per-node", str(DEVICES), "--rdzv-backend", "c10d", "--rdzv-endpoint", rendezvous_endpoint,
-        "--rdzv-id", "doctor-nodes", "--no-python", *DOCTOR, "--devices", str(DEVICES), "--num-nodes", "1",
-        "--init-method", f"file://{rendezvous_dir}/", "--timeout", str(DOCTOR_TIMEOUT_S), "--json"])
-        for node in NODES}
+    commands = {
+        node.name: node.command(
+            [
+                sys.executable,
+                "-m",
+                "torch.distributed.run",
+                "--nnodes",
+                str(len(NODES)),
+                "--node-rank",
+                str(node.index),
+                "--nproc-per-node",
+                str(DEVICES),
+                "--rdzv-backend",
+                "c10d",
+                "--rdzv-endpoint",
+                rendezvous_endpoint,
+                "--rdzv-id",
+                "doctor-nodes",
+                "--no-python",
+                *DOCTOR,
+                "--devices",
+                str(DEVICES),
+                "--num-nodes",
+                "1",
+                "--init-method",
+                f"file://{rendezvous_dir}/",
+                "--timeout",
+                str(DOCTOR_TIMEOUT_S),
+                "--json",
+            ]
+        )
+        for node in NODES
+    }
     processes = start_on_nodes(commands, cwd=tmp_path, env=environment())
     codes = processes.wait(DOCTOR_TIMEOUT_S + MARGIN_S)
     report = processes.logs[MAIN.name].read_text()
@@ -478,11 +689,14 @@ def test_doctor_under_torchrun_on_two_nodes_finds_a_node_count_other_than_num_no
     document = json.loads(next(line for line in reversed(report.splitlines()) if line.startswith('{"ok"')))
     assert document["ok"] is False
     assert [(rank["rank"], rank["node_rank"], rank["host"]) for rank in document["ranks"]] == [
-        (rank, rank // DEVICES, NODES[rank // DEVICES].name) for rank in range(WORLD_SIZE)]
+        (rank, rank // DEVICES, NODES[rank // DEVICES].name) for rank in range(WORLD_SIZE)
+    ]
     verdicts = {verdict["check"]: verdict for verdict in reversed(document["verdicts"])}
     assert verdicts["nodes"]["status"] == "fail"
-    assert verdicts["nodes"]["message"] == ("the launcher started processes on 2 node(s) (LOCAL_WORLD_SIZE=2, "
-                                            "WORLD_SIZE=4), but the job asks for num_nodes=1")
+    assert verdicts["nodes"]["message"] == (
+        "the launcher started processes on 2 node(s) (LOCAL_WORLD_SIZE=2, "
+        "WORLD_SIZE=4), but the job asks for num_nodes=1"
+    )
     assert verdicts["nodes"]["fix"].startswith("ask the launcher for 1 node(s) (srun -N 1, torchrun --nnodes 1)")
     assert verdicts["all-reduce"]["status"] == "ok"
     assert wait_until_empty(rendezvous_dir) == [], "the doctor leaves no file behind"

@@ -67,8 +67,9 @@ def test_a_watchdog_that_cannot_start_warns_and_leaves_the_wait_to_the_ranks_own
         raise BlockingIOError(11, "Resource temporarily unavailable")
 
     monkeypatch.setattr(outside_watchdog.subprocess, "Popen", no_process)
-    wait = outside_watchdog.WatchedWait(rank=0, world_size=2, place="test://", timeout_s=1.0, report_at=(),
-                                        deadline_s=2.0, launcher="TEST_RANK=0")
+    wait = outside_watchdog.WatchedWait(
+        rank=0, world_size=2, place="test://", timeout_s=1.0, report_at=(), deadline_s=2.0, launcher="TEST_RANK=0"
+    )
     with (
         pytest.warns(RuntimeWarning, match=r"could not start the watchdog outside this rank \(\[Errno 11\]"),
         outside_watchdog.watched_from_outside(wait, "a phase") as watchdog,

@@ -29,8 +29,13 @@ from lightning_dist_hooks import (
 # Part of the fast subset .ci/compat runs at the ends of the supported version ranges.
 pytestmark = pytest.mark.compat
 
-OPENMPI_RANK_1_OF_2 = {"OMPI_COMM_WORLD_RANK": "1", "OMPI_COMM_WORLD_SIZE": "2", "OMPI_COMM_WORLD_LOCAL_RANK": "1",
-                       "OMPI_COMM_WORLD_LOCAL_SIZE": "2", "PMIX_NAMESPACE": "prterun-test-1@1"}
+OPENMPI_RANK_1_OF_2 = {
+    "OMPI_COMM_WORLD_RANK": "1",
+    "OMPI_COMM_WORLD_SIZE": "2",
+    "OMPI_COMM_WORLD_LOCAL_RANK": "1",
+    "OMPI_COMM_WORLD_LOCAL_SIZE": "2",
+    "PMIX_NAMESPACE": "prterun-test-1@1",
+}
 
 
 def model_of(package):
@@ -55,20 +60,29 @@ def model_of(package):
 
 
 def imported_lightning_packages(statement: str) -> list[str]:
-    code = (f"import sys; {statement}; print(sorted({{m.split('.')[0] for m in sys.modules}} & "
-            "{'pytorch_lightning', 'lightning_fabric', 'lightning'}))")
-    completed = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=job_environment(), capture_output=True,
-                               text=True, timeout=120)
+    code = (
+        f"import sys; {statement}; print(sorted({{m.split('.')[0] for m in sys.modules}} & "
+        "{'pytorch_lightning', 'lightning_fabric', 'lightning'}))"
+    )
+    completed = subprocess.run(
+        [sys.executable, "-c", code], cwd=REPO, env=job_environment(), capture_output=True, text=True, timeout=120
+    )
     assert completed.returncode == 0, completed.stderr
     return eval(completed.stdout.strip().splitlines()[-1])
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("statement", "expected"), [
-    ("import lightning_dist_hooks", []),
-    ("from lightning_dist_hooks import Trainer, LightningModule, Fabric", ["lightning_fabric", "pytorch_lightning"]),
-    ("from lightning_dist_hooks.lightning import Trainer, LightningModule, Fabric", ["lightning"]),
-])
+@pytest.mark.parametrize(
+    ("statement", "expected"),
+    [
+        ("import lightning_dist_hooks", []),
+        (
+            "from lightning_dist_hooks import Trainer, LightningModule, Fabric",
+            ["lightning_fabric", "pytorch_lightning"],
+        ),
+        ("from lightning_dist_hooks.lightning import Trainer, LightningModule, Fabric", ["lightning"]),
+    ],
+)
 def test_importing_one_package_never_imports_the_other(statement, expected):
     assert imported_lightning_packages(statement) == expected
 
@@ -77,8 +91,15 @@ def test_importing_one_package_never_imports_the_other(statement, expected):
 @both_packages
 def test_a_fit_with_the_packages_own_module_strategy_and_checkpoint_callback(package, tmp_path):
     checkpoint = package.pl.callbacks.ModelCheckpoint(dirpath=tmp_path)
-    trainer = package.ours.Trainer(accelerator="cpu", devices=1, max_epochs=1, logger=False, callbacks=[checkpoint],
-                                   enable_progress_bar=False, enable_model_summary=False)
+    trainer = package.ours.Trainer(
+        accelerator="cpu",
+        devices=1,
+        max_epochs=1,
+        logger=False,
+        callbacks=[checkpoint],
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    )
     trainer.fit(model_of(package))
     assert trainer.state.finished and trainer.global_step == 2
     assert [path.name for path in tmp_path.iterdir()] == ["epoch=0-step=2.ckpt"]
@@ -102,8 +123,9 @@ def test_the_mixin_in_front_of_a_users_own_trainer_subclass(package, monkeypatch
     class Direct(DistributedHooksTrainerMixin, pl.Trainer):
         pass
 
-    trainer = MyTrainer(accelerator="cpu", devices=2, strategy="ddp", greeting="hi", torch_dist_backend="gloo",
-                        logger=False)
+    trainer = MyTrainer(
+        accelerator="cpu", devices=2, strategy="ddp", greeting="hi", torch_dist_backend="gloo", logger=False
+    )
     assert (trainer.greeting, trainer.torch_dist_backend) == ("hi", "gloo") and isinstance(trainer, package.pl.Trainer)
     # The user's __init__ calls Lightning's PL_<CLASS>_* wrapper itself: the class keeps its parent's signature, and
     # a PL_MYTRAINER_TORCH_DIST_BACKEND never reaches Lightning's __init__.
@@ -127,16 +149,25 @@ def test_our_environments_are_plugins_of_both_packages(package, monkeypatch):
     assert trainer.strategy.cluster_environment is environment and trainer.global_rank == 1
     detected = package.ours.Trainer(accelerator="cpu", devices=2, strategy="ddp", logger=False)
     assert type(detected.strategy.cluster_environment) is OpenMPIEnvironment
-    assert package.pl.Trainer(accelerator="cpu", devices=2, strategy="ddp", plugins=[OpenMPIEnvironment()],
-                              logger=False).global_rank == 1  # Lightning's own Trainer takes them as well
+    assert (
+        package.pl.Trainer(
+            accelerator="cpu", devices=2, strategy="ddp", plugins=[OpenMPIEnvironment()], logger=False
+        ).global_rank
+        == 1
+    )  # Lightning's own Trainer takes them as well
 
 
 @pytest.mark.unit
-@pytest.mark.parametrize(("ours", "theirs"), [(PYTORCH_LIGHTNING, LIGHTNING), (LIGHTNING, PYTORCH_LIGHTNING)],
-                         ids=["pytorch_lightning-given-lightning", "lightning-given-pytorch_lightning"])
+@pytest.mark.parametrize(
+    ("ours", "theirs"),
+    [(PYTORCH_LIGHTNING, LIGHTNING), (LIGHTNING, PYTORCH_LIGHTNING)],
+    ids=["pytorch_lightning-given-lightning", "lightning-given-pytorch_lightning"],
+)
 def test_mixing_the_packages_is_one_clear_error_naming_both(ours, theirs):
-    both_named = (rf"comes from {theirs.pytorch_module}/{theirs.fabric_module} .* this Trainer is "
-                  rf"{ours.pytorch_module}/{ours.fabric_module}'s")
+    both_named = (
+        rf"comes from {theirs.pytorch_module}/{theirs.fabric_module} .* this Trainer is "
+        rf"{ours.pytorch_module}/{ours.fabric_module}'s"
+    )
     trainer = ours.ours.Trainer(accelerator="cpu", devices=1, logger=False)
     with pytest.raises(MixedLightningPackagesError, match=rf"model=.*Model {both_named}"):
         trainer.fit(model_of(theirs))
@@ -154,11 +185,18 @@ def test_an_untested_release_warns_once_on_first_use_naming_the_range_and_the_fi
     installed = {"lightning": "2.6.6", "torch": "2.13.0+cpu", distribution: "2.99.1"}
     monkeypatch.setattr(supported_versions, "installed_version", installed.get)
     monkeypatch.setattr(supported_versions, "_CHECKED", set())
-    flavour = _lightning_internals.Flavour(**{field: getattr(_lightning_internals.LIGHTNING, field) for field in (
-        "distribution", "pytorch", "fabric", "public_module", "import_hint")})
+    flavour = _lightning_internals.Flavour(
+        **{
+            field: getattr(_lightning_internals.LIGHTNING, field)
+            for field in ("distribution", "pytorch", "fabric", "public_module", "import_hint")
+        }
+    )
     tested = re.escape(supported_versions.SUPPORTED[distribution])
-    with pytest.warns(UserWarning, match=rf"tested with {distribution}{tested}, but 2.99.1 is installed.*"
-                                         rf"install pip install '{distribution}{tested}'") as warned:
+    with pytest.warns(
+        UserWarning,
+        match=rf"tested with {distribution}{tested}, but 2.99.1 is installed.*"
+        rf"install pip install '{distribution}{tested}'",
+    ) as warned:
         assert flavour.Trainer.__name__ == "Trainer"
         assert flavour.Fabric.__name__ == "Fabric"
     assert len([w for w in warned if "was tested with" in str(w.message)]) == 1
@@ -190,8 +228,11 @@ def test_the_lightning_module_exports_what_the_package_exports_with_its_own_thre
 
     assert sorted(unified.__all__) == sorted(lightning_dist_hooks.__all__)
     per_package = set(lightning_dist_hooks.PER_PACKAGE_CLASSES)
-    assert all(getattr(unified, name) is getattr(lightning_dist_hooks, name)
-               for name in unified.__all__ if name not in per_package)
+    assert all(
+        getattr(unified, name) is getattr(lightning_dist_hooks, name)
+        for name in unified.__all__
+        if name not in per_package
+    )
     import lightning
 
     assert issubclass(unified.Trainer, lightning.pytorch.Trainer)
@@ -231,6 +272,11 @@ def test_every_private_lightning_name_we_use_exists_and_only_the_seam_names_one(
 
     attributes = {name.rsplit(".", 1)[1] for name in names}
     modules = Path(lightning_dist_hooks.__file__).parent.rglob("*.py")
-    leaks = [f"{path.name}: {name}" for path in modules if path.name != "_lightning_internals.py"
-             for name in attributes if re.search(rf"(?<!self)\.{name}\b|[\"']{name}[\"']", path.read_text())]
+    leaks = [
+        f"{path.name}: {name}"
+        for path in modules
+        if path.name != "_lightning_internals.py"
+        for name in attributes
+        if re.search(rf"(?<!self)\.{name}\b|[\"']{name}[\"']", path.read_text())
+    ]
     assert leaks == [], f"private Lightning names outside _lightning_internals.py: {leaks}"

@@ -28,6 +28,7 @@ def _missing_ranks(rendezvous, world_size, error):
 @pytest.fixture
 def default_group():
     """``init()`` makes a one-rank gloo default group on an in-process HashStore; destroyed afterwards."""
+
     def init(rank: int = 0, world_size: int = 1) -> None:
         dist.init_process_group("gloo", store=dist.HashStore(), rank=rank, world_size=world_size)
 
@@ -45,17 +46,23 @@ def test_check_default_group_accepts_the_group_the_trainer_expects(default_group
 @pytest.mark.unit
 def test_check_default_group_names_a_missing_group():
     assert not dist.is_initialized()
-    with pytest.raises(DistributedSetupError, match=r"setup_distributed_backend returned on rank 3 without creating "
-                                                    r"the default process group. Call "
-                                                    r"torch.distributed.init_process_group"):
+    with pytest.raises(
+        DistributedSetupError,
+        match=r"setup_distributed_backend returned on rank 3 without creating "
+        r"the default process group. Call "
+        r"torch.distributed.init_process_group",
+    ):
         check_default_group(rank=3, world_size=4)
 
 
 @pytest.mark.unit
 def test_check_default_group_names_a_group_of_the_wrong_shape(default_group):
     default_group()
-    with pytest.raises(DistributedSetupError, match=r"created a process group with rank 0 and world size 1, but this "
-                                                    r"Trainer expects rank 0 and world size 2"):
+    with pytest.raises(
+        DistributedSetupError,
+        match=r"created a process group with rank 0 and world size 1, but this "
+        r"Trainer expects rank 0 and world size 2",
+    ):
         check_default_group(rank=0, world_size=2)
 
 
@@ -75,8 +82,11 @@ def _file_store_timeout(tmp_path: Path) -> Exception:  # file://: gloo waits for
 
 
 def _tcp_server_timeout(tmp_path: Path) -> Exception:  # tcp:// and env:// on rank 0: the store counts its clients
-    return _raised(lambda: dist.TCPStore("127.0.0.1", 0, world_size=3, is_master=True, wait_for_workers=True,
-                                         timeout=timedelta(milliseconds=100)))
+    return _raised(
+        lambda: dist.TCPStore(
+            "127.0.0.1", 0, world_size=3, is_master=True, wait_for_workers=True, timeout=timedelta(milliseconds=100)
+        )
+    )
 
 
 @pytest.mark.unit
@@ -98,10 +108,14 @@ def test_torchs_timeout_wording_is_recognised_and_its_client_count_read(tmp_path
     ("message", "expected"),
     [
         ("Timed out after 15 seconds waiting for clients. 1/4 clients joined.", "ranks that never arrived: [1, 2, 3]"),
-        ("Timed out after 15 seconds waiting for clients. 3/4 clients joined.",
-         "1 of 4 ranks never arrived (a TCP rendezvous does not say which)"),
-        ("The client socket has timed out after 15000ms while trying to connect to (127.0.0.1, 29500).",
-         "which ranks are missing cannot be known from this rank"),
+        (
+            "Timed out after 15 seconds waiting for clients. 3/4 clients joined.",
+            "1 of 4 ranks never arrived (a TCP rendezvous does not say which)",
+        ),
+        (
+            "The client socket has timed out after 15000ms while trying to connect to (127.0.0.1, 29500).",
+            "which ranks are missing cannot be known from this rank",
+        ),
     ],
 )
 def test_missing_ranks_from_a_tcp_rendezvous(message, expected):
@@ -136,14 +150,23 @@ def test_file_rendezvous_uses_the_file_privately_needs_no_master_port_and_remove
 @pytest.mark.parametrize("strategy", ["ddp", "ddp_spawn"])
 def test_setup_hook_runs_once_per_rank_with_the_resolved_values(run_job, tmp_path, strategy):
     init_method = f"file://{tmp_path}/rendezvous"
-    result = run_job("--strategy", strategy, "--backend", "GLOO", "--init-method", init_method,
-                     "--setup-hook", "record").assert_ok()
+    result = run_job(
+        "--strategy", strategy, "--backend", "GLOO", "--init-method", init_method, "--setup-hook", "record"
+    ).assert_ok()
     used = f"file://{tmp_path}/ldh-uid-{os.geteuid()}/rendezvous"  # inside the per-user directory (issue 9)
     for rank, record in result.ranks.items():
-        assert record["setup_calls"] == [{
-            "backend": "gloo", "init_method": used, "rank": rank, "world_size": 2, "timeout_s": 1800.0,
-            "initialized_before": False, "device_id": None, "rendezvous_file_mode": "0o600",  # CPU: no device
-        }]
+        assert record["setup_calls"] == [
+            {
+                "backend": "gloo",
+                "init_method": used,
+                "rank": rank,
+                "world_size": 2,
+                "timeout_s": 1800.0,
+                "initialized_before": False,
+                "device_id": None,
+                "rendezvous_file_mode": "0o600",  # CPU: no device
+            }
+        ]
         assert record["process_group_backend"] == "gloo"
     assert result.same_on_all_ranks("weights_sha256")
     assert not (tmp_path / "rendezvous").exists() and not (tmp_path / f"ldh-uid-{os.geteuid()}").exists()
@@ -182,8 +205,18 @@ def test_hand_built_store_in_the_hook(run_job, tmp_path):
 @pytest.mark.parametrize("strategy", ["ddp_fork", "ddp_notebook", "ddp_find_unused_parameters_true"])
 def test_every_ddp_registered_name_takes_the_flags(run_job, tmp_path, strategy):
     rendezvous = tmp_path / "rendezvous"
-    result = run_job("--strategy", strategy, "--backend", "gloo", "--init-method", f"file://{rendezvous}",
-                     "--setup-hook", "record", "--stages", "fit").assert_ok()
+    result = run_job(
+        "--strategy",
+        strategy,
+        "--backend",
+        "gloo",
+        "--init-method",
+        f"file://{rendezvous}",
+        "--setup-hook",
+        "record",
+        "--stages",
+        "fit",
+    ).assert_ok()
     for rank, record in result.ranks.items():
         assert record["setup_calls"][0]["rank"] == rank and record["store"][-1] == "FileStore"
     if strategy == "ddp_find_unused_parameters_true":
@@ -193,8 +226,18 @@ def test_every_ddp_registered_name_takes_the_flags(run_job, tmp_path, strategy):
 
 @pytest.mark.slow
 def test_model_parallel_strategy_takes_the_flags(run_job, tmp_path):
-    result = run_job("--strategy", "model_parallel", "--backend", "gloo", "--init-method", f"file://{tmp_path}/r",
-                     "--setup-hook", "record", "--epochs", "1").assert_ok()
+    result = run_job(
+        "--strategy",
+        "model_parallel",
+        "--backend",
+        "gloo",
+        "--init-method",
+        f"file://{tmp_path}/r",
+        "--setup-hook",
+        "record",
+        "--epochs",
+        "1",
+    ).assert_ok()
     assert result.same_on_all_ranks("strategy") == "ModelParallelStrategy"
     for rank, record in result.ranks.items():
         assert record["setup_calls"][0]["rank"] == rank and record["store"][-1] == "FileStore"
@@ -205,8 +248,13 @@ def test_model_parallel_strategy_takes_the_flags(run_job, tmp_path):
     ("hook", "message"),
     [
         ("no-group", "setup_distributed_backend returned on rank 0 without creating the default process group"),
-        ("wrong-world", ("setup_distributed_backend created a process group with rank 0 and world size 1, but this "
-                         "Trainer expects rank 0 and world size 2")),
+        (
+            "wrong-world",
+            (
+                "setup_distributed_backend created a process group with rank 0 and world size 1, but this "
+                "Trainer expects rank 0 and world size 2"
+            ),
+        ),
     ],
 )
 def test_a_hook_that_leaves_no_proper_group_is_named_in_the_error(run_job, hook, message):

@@ -14,8 +14,9 @@ DATASET = list(range(24))
 
 @both_packages
 def test_custom_sampler_gives_each_rank_exactly_its_indices_in_every_stage(run_job, package):
-    result = run_job("--package", package.name, "--sampler-hook", "custom", "--stages", "fit,test,predict",
-                     "--epochs", "2").assert_ok()
+    result = run_job(
+        "--package", package.name, "--sampler-hook", "custom", "--stages", "fit,test,predict", "--epochs", "2"
+    ).assert_ok()
     for rank, record in result.ranks.items():
         mine = list(range(rank, 24, 3))
         assert record["seen"]["train"] == mine * 2

@@ -42,14 +42,20 @@ FIT_FLAGS = ["--backend", "gloo", "--setup-hook", "record", "--epochs", "1", "--
 # Debian's /usr/lib/sysctl.d/protect-links.conf
 DISTRIBUTION_DEFAULTS = {"protected_regular": "2", "protected_symlinks": "1"}
 
-pytestmark = [pytest.mark.slow, pytest.mark.root,
-              pytest.mark.skipif(os.geteuid() != 0, reason="creating users and running processes as them needs root")]
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.root,
+    pytest.mark.skipif(os.geteuid() != 0, reason="creating users and running processes as them needs root"),
+]
 
 
 def _ensure_user(name: str) -> None:
     if subprocess.run(["id", "-u", name], capture_output=True).returncode != 0:
-        created = subprocess.run(["useradd", "--system", "--user-group", "--no-create-home", "--shell",
-                                  "/usr/sbin/nologin", name], capture_output=True, text=True)
+        created = subprocess.run(
+            ["useradd", "--system", "--user-group", "--no-create-home", "--shell", "/usr/sbin/nologin", name],
+            capture_output=True,
+            text=True,
+        )
         # Another session may have created it meanwhile: only its absence now is an error.
         assert subprocess.run(["id", "-u", name], capture_output=True).returncode == 0, created.stderr
 
@@ -103,17 +109,42 @@ class Users:
 
     def command(self, user: str, command: list[str]) -> list[str]:
         pairs = [str(part) for pair in self.blocked for part in pair]
-        return ["unshare", "--mount", "--propagation", "private", "sh", "-c", _AS_USER, "sh", user, str(self.stage),
-                str(len(self.blocked)), *pairs, *command]
+        return [
+            "unshare",
+            "--mount",
+            "--propagation",
+            "private",
+            "sh",
+            "-c",
+            _AS_USER,
+            "sh",
+            user,
+            str(self.stage),
+            str(len(self.blocked)),
+            *pairs,
+            *command,
+        ]
 
     def popen(self, user: str, command: list[str], cwd: Path, log: Path, env: dict[str, str]) -> subprocess.Popen:
         with open(log, "w") as output:
-            return subprocess.Popen(self.command(user, command), cwd=cwd, env=env, stdout=output,
-                                    stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+            return subprocess.Popen(
+                self.command(user, command),
+                cwd=cwd,
+                env=env,
+                stdout=output,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+            )
 
     def python(self, user: str, code: str, cwd: Path, **env: str) -> subprocess.CompletedProcess:
-        return subprocess.run(self.command(user, [sys.executable, "-c", code]), cwd=cwd, capture_output=True,
-                              text=True, timeout=120, env=job_environment(HOME=str(cwd), **env))
+        return subprocess.run(
+            self.command(user, [sys.executable, "-c", code]),
+            cwd=cwd,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env=job_environment(HOME=str(cwd), **env),
+        )
 
 
 @pytest.fixture(scope="session")
@@ -172,8 +203,11 @@ def shared_directory(base: Path, users: Users, kind: str) -> Path:
         public.mkdir(mode=0o755, exist_ok=True)
         public.chmod(0o1777)
         directory = public / kind
-        made = users.python(ATTACKER, f"import os; os.mkdir({str(directory)!r}); os.chmod({str(directory)!r}, 0o1777)",
-                            base / f"home-{ATTACKER}")
+        made = users.python(
+            ATTACKER,
+            f"import os; os.mkdir({str(directory)!r}); os.chmod({str(directory)!r}, 0o1777)",
+            base / f"home-{ATTACKER}",
+        )
         assert made.returncode == 0, made.stderr
         return directory
     directory.mkdir()
@@ -186,14 +220,21 @@ def shared_directory(base: Path, users: Users, kind: str) -> Path:
 
 
 def victim_flux_rank(rank: int, base: Path) -> dict[str, str]:
-    return job_environment(FLUX_TASK_RANK=str(rank), FLUX_TASK_LOCAL_ID=str(rank), FLUX_JOB_SIZE="2",
-                           FLUX_JOB_NNODES="1", FLUX_JOB_ID=JOB_ID, PMI_RANK=str(rank), PMI_SIZE="2",
-                           HOME=str(base / f"home-{VICTIM}"))
+    return job_environment(
+        FLUX_TASK_RANK=str(rank),
+        FLUX_TASK_LOCAL_ID=str(rank),
+        FLUX_JOB_SIZE="2",
+        FLUX_JOB_NNODES="1",
+        FLUX_JOB_ID=JOB_ID,
+        PMI_RANK=str(rank),
+        PMI_SIZE="2",
+        HOME=str(base / f"home-{VICTIM}"),
+    )
 
 
 def predicted_name(directory: Path) -> str:
     """What anyone who reads the job id computes for a per-job file."""
-    return Path(rendezvous_file_for_job(f"file://{directory}/", f"FLUX_JOB_ID={JOB_ID}")[len("file://"):]).name
+    return Path(rendezvous_file_for_job(f"file://{directory}/", f"FLUX_JOB_ID={JOB_ID}")[len("file://") :]).name
 
 
 def victim_url(directory: Path, path_kind: str, scheme: str = "file") -> tuple[str, str]:
@@ -209,8 +250,14 @@ class Run:
         self.records = sorted(out_dir.glob("rank*.json")) if out_dir.is_dir() else []
 
 
-def run_victim_ranks(users: Users, base: Path, url: str, ranks: list[int], attacker_rank_url: str | None = None,
-                     limit_s: float = TIMEOUT_S + STARTUP_S + 30) -> Run:
+def run_victim_ranks(
+    users: Users,
+    base: Path,
+    url: str,
+    ranks: list[int],
+    attacker_rank_url: str | None = None,
+    limit_s: float = TIMEOUT_S + STARTUP_S + 30,
+) -> Run:
     """The victim's ranks (and, if given, the attacker's process playing rank 1); killed after ``limit_s``."""
     work = base / f"home-{VICTIM}"
     out = work / "out"
@@ -218,14 +265,25 @@ def run_victim_ranks(users: Users, base: Path, url: str, ranks: list[int], attac
     started = time.monotonic()
     for rank in ranks:
         logs.append(work / f"rank{rank}.log")
-        processes.append(users.popen(VICTIM, [sys.executable, str(FIT_JOB), "--out", str(out), "--init-method", url,
-                                              *FIT_FLAGS], work, logs[-1], victim_flux_rank(rank, base)))
+        processes.append(
+            users.popen(
+                VICTIM,
+                [sys.executable, str(FIT_JOB), "--out", str(out), "--init-method", url, *FIT_FLAGS],
+                work,
+                logs[-1],
+                victim_flux_rank(rank, base),
+            )
+        )
     attacker = None
     if attacker_rank_url is not None:
         home = base / f"home-{ATTACKER}"
-        attacker = users.popen(ATTACKER, [sys.executable, str(FIT_JOB), "--out", str(home / "out"), "--init-method",
-                                          attacker_rank_url, *FIT_FLAGS], home, home / "rank1.log",
-                               {**victim_flux_rank(1, base), "HOME": str(home)})
+        attacker = users.popen(
+            ATTACKER,
+            [sys.executable, str(FIT_JOB), "--out", str(home / "out"), "--init-method", attacker_rank_url, *FIT_FLAGS],
+            home,
+            home / "rank1.log",
+            {**victim_flux_rank(1, base), "HOME": str(home)},
+        )
     try:
         returncodes = [process.wait(timeout=max(1.0, limit_s - (time.monotonic() - started))) for process in processes]
     except subprocess.TimeoutExpired:
@@ -261,14 +319,18 @@ def private_directory(users: Users, shared: Path) -> Path:
 @pytest.mark.parametrize("scheme", ["file", "dir"])
 @pytest.mark.parametrize("path_kind", ["per-job", "explicit"])
 @pytest.mark.parametrize("directory_kind", ["world-writable-sticky", "group-writable-sticky", "attacker-owned"])
-def test_a_file_planted_at_the_predicted_name_never_joins_the_victims_job(users, base, protections, directory_kind,
-                                                                          path_kind, scheme):
+def test_a_file_planted_at_the_predicted_name_never_joins_the_victims_job(
+    users, base, protections, directory_kind, path_kind, scheme
+):
     shared = shared_directory(base, users, directory_kind)
     url, name = victim_url(shared, path_kind, scheme)
     private = private_directory(users, shared)
     # The attacker pre-creates the file, mode 0666, where the victim's job will look for it (in the shared
     # directory itself, and in the victim's per-user directory, whose name holds the public uid), then plays rank 1.
-    plant(users, base, f"""
+    plant(
+        users,
+        base,
+        f"""
         import os
         for directory in ({str(shared)!r}, {str(private)!r}):
             if directory == {str(private)!r}:
@@ -276,7 +338,8 @@ def test_a_file_planted_at_the_predicted_name_never_joins_the_victims_job(users,
                 os.chmod(directory, 0o777)
             os.close(os.open(os.path.join(directory, {name!r}), os.O_CREAT | os.O_WRONLY, 0o666))
             os.chmod(os.path.join(directory, {name!r}), 0o666)
-    """)
+    """,
+    )
     run = run_victim_ranks(users, base, url, [0], attacker_rank_url=f"{scheme}://{shared}/{name}")
     refused = shared if directory_kind == "attacker-owned" else private
     assert_refused(run, refused, ATTACKER)
@@ -289,37 +352,51 @@ def test_a_symlink_at_the_predicted_name_is_never_followed(users, base, protecti
     url, name = victim_url(shared, path_kind, scheme)
     private = private_directory(users, shared)
     home = base / f"home-{VICTIM}"
-    plant(users, base, f"""
+    plant(
+        users,
+        base,
+        f"""
         import os
         os.symlink({str(home / "planted-target")!r}, os.path.join({str(shared)!r}, {name!r}))
         os.symlink({str(home)!r}, {str(private)!r})
-    """)
+    """,
+    )
     run = run_victim_ranks(users, base, url, [0, 1])
     assert_refused(run, private, ATTACKER)
     # What the job itself puts in its home (logs, its out directory, caches) is all there is.
-    created = sorted(path.name for path in home.iterdir()
-                     if path.suffix != ".log" and path.name != "out" and not path.name.startswith("."))
+    created = sorted(
+        path.name
+        for path in home.iterdir()
+        if path.suffix != ".log" and path.name != "out" and not path.name.startswith(".")
+    )
     assert created == [], "the victim created files where the attacker's symlink pointed"
 
 
-@pytest.mark.parametrize("scheme, complaint", [("file", "is not a torch FileStore log"),
-                                               ("dir", "does not name a dir:// rendezvous directory")])
+@pytest.mark.parametrize(
+    "scheme, complaint",
+    [("file", "is not a torch FileStore log"), ("dir", "does not name a dir:// rendezvous directory")],
+)
 @pytest.mark.parametrize("path_kind", ["per-job", "explicit"])
-def test_junk_in_the_victims_own_leftover_file_is_an_error_not_a_hang(users, base, protections, path_kind, scheme,
-                                                                     complaint):
+def test_junk_in_the_victims_own_leftover_file_is_an_error_not_a_hang(
+    users, base, protections, path_kind, scheme, complaint
+):
     shared = shared_directory(base, users, "world-writable-sticky")
     url, name = victim_url(shared, path_kind, scheme)
     private = private_directory(users, shared)
     # A few bytes of junk in a file of the victim's own (a crash mid-write): FileStore would read a huge record
     # length and loop forever holding its lock. Planted where the old and the new code look.
-    made = users.python(VICTIM, textwrap.dedent(f"""
+    made = users.python(
+        VICTIM,
+        textwrap.dedent(f"""
         import os
         os.mkdir({str(private)!r}, 0o700)
         for directory in ({str(shared)!r}, {str(private)!r}):
             descriptor = os.open(os.path.join(directory, {name!r}), os.O_CREAT | os.O_WRONLY, 0o600)
             os.write(descriptor, b"\\xff\\xff\\xff\\x7fjunk")
             os.close(descriptor)
-    """), base / f"home-{VICTIM}")
+    """),
+        base / f"home-{VICTIM}",
+    )
     assert made.returncode == 0, made.stderr
     run = run_victim_ranks(users, base, url, [0, 1])
     assert_refused(run, private / name, owner=None)
@@ -352,9 +429,14 @@ def test_a_valid_log_left_by_the_victims_earlier_run_stops_every_rank_at_once(us
     home = base / f"home-{VICTIM}"
     script = home / "earlier_run.py"
     script.write_text(_EARLIER_RUN)
-    made = subprocess.run(users.command(VICTIM, [sys.executable, str(script), str(stale)]), cwd=home,
-                          capture_output=True, text=True, timeout=120,
-                          env=job_environment(HOME=str(home), GLOO_SOCKET_IFNAME="lo"))
+    made = subprocess.run(
+        users.command(VICTIM, [sys.executable, str(script), str(stale)]),
+        cwd=home,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=job_environment(HOME=str(home), GLOO_SOCKET_IFNAME="lo"),
+    )
     assert made.returncode == 0, made.stderr[-3000:]
     left = stale.read_bytes()
     assert b"/default_pg/" in left or b"/0" in left, "the earlier run left no torch keys: nothing is tested"
@@ -415,8 +497,13 @@ def test_directories_other_users_control_are_refused_at_trainer_construction(use
         f"dir://{sticky}/rdzv": (str(sticky / "rdzv"), f"owned by {ATTACKER}", "end the URL with a slash ('dir://"),
     }
     done = subprocess.run(
-        users.command(VICTIM, [sys.executable, "-c", _TRAINER, *cases]), cwd=real, capture_output=True, text=True,
-        timeout=120, env=job_environment(HOME=str(real)))
+        users.command(VICTIM, [sys.executable, "-c", _TRAINER, *cases]),
+        cwd=real,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=job_environment(HOME=str(real)),
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     results = json.loads(done.stdout.strip().splitlines()[-1])
     for url, expected in cases.items():
@@ -430,7 +517,9 @@ def test_filestores_0644_reopen_exposes_nothing(users, base):
     private = private_directory(users, shared)
     # FileStore reopens its file by name with O_CREAT and mode 0644 on every operation: after an unlink it makes
     # a world-readable file. Inside the per-user directory nobody else can reach it.
-    made = users.python(VICTIM, textwrap.dedent(f"""
+    made = users.python(
+        VICTIM,
+        textwrap.dedent(f"""
         import os
         from datetime import timedelta
         import torch.distributed as dist
@@ -449,7 +538,9 @@ def test_filestores_0644_reopen_exposes_nothing(users, base):
         os.unlink(path)
         store.set("secret", "weights")
         print(path, oct(os.stat(path).st_mode & 0o777))
-    """), base / f"home-{VICTIM}")
+    """),
+        base / f"home-{VICTIM}",
+    )
     assert made.returncode == 0, made.stderr[-3000:]
     path, mode = made.stdout.split()
     assert mode == "0o644", "FileStore no longer recreates its file world-readable: this test can go"
@@ -498,8 +589,11 @@ def test_a_valid_filestore_log_that_no_claim_records_is_refused_by_every_rank(tm
     stale.chmod(0o600)
     left = stale.read_bytes()
     for rank in (0, 1):
-        with pytest.raises(RuntimeError, match=rf"{stale} exists, but no rank of this run made it: none of "
-                                               rf"{stale}.rank0.claim to .rank1.claim records it"):
+        with pytest.raises(
+            RuntimeError,
+            match=rf"{stale} exists, but no rank of this run made it: none of "
+            rf"{stale}.rank0.claim to .rank1.claim records it",
+        ):
             FileInitMethod().prepare(f"file://{tmp_path}/rdzv", Rank(rank))
     assert stale.read_bytes() == left
     assert sorted(path.name for path in private.iterdir()) == ["rdzv"]
@@ -552,8 +646,10 @@ def test_ranks_arriving_at_the_same_moment_all_join_the_one_file(tmp_path):
     for round_ in range(rounds):
         url = f"file://{tmp_path}/rdzv{round_}"
         start, results = context.Barrier(world_size), context.Queue()
-        ranks = [context.Process(target=_prepare_together, args=(url, rank, world_size, start, results))
-                 for rank in range(world_size)]
+        ranks = [
+            context.Process(target=_prepare_together, args=(url, rank, world_size, start, results))
+            for rank in range(world_size)
+        ]
         for process in ranks:
             process.start()
         errors = [results.get(timeout=60) for _ in ranks]
@@ -631,8 +727,11 @@ def test_a_pre_existing_file_is_used_only_if_it_is_a_private_regular_file_with_o
             os.link(path, tmp_path / "elsewhere")
         else:
             path.chmod(0o640)
-    with pytest.raises(RuntimeError, match=rf"{path}' \(a .*owned by .*\).* is not a regular file with one link "
-                                           r"private to this user"):
+    with pytest.raises(
+        RuntimeError,
+        match=rf"{path}' \(a .*owned by .*\).* is not a regular file with one link "
+        r"private to this user",
+    ):
         FileInitMethod().prepare(f"file://{tmp_path}/rdzv", Rank(0))
     assert sorted(entry.name for entry in private.iterdir()) == ["rdzv"], "the claim must not be left behind"
 
@@ -646,7 +745,9 @@ def test_a_leftover_dir_rendezvous_of_the_victims_earlier_run_stops_every_rank_a
     shared = shared_directory(base, users, "world-writable-sticky")
     url, name = victim_url(shared, "explicit", "dir")
     private = private_directory(users, shared)
-    made = users.python(VICTIM, textwrap.dedent(f"""
+    made = users.python(
+        VICTIM,
+        textwrap.dedent(f"""
         import os
         os.mkdir({str(private)!r}, 0o700)
         store = os.path.join({str(private)!r}, {name!r} + ".0123456789abcdef.d")
@@ -656,7 +757,9 @@ def test_a_leftover_dir_rendezvous_of_the_victims_earlier_run_stops_every_rank_a
             descriptor = os.open(path, os.O_CREAT | os.O_WRONLY, 0o600)
             os.write(descriptor, content)
             os.close(descriptor)
-    """), base / f"home-{VICTIM}")
+    """),
+        base / f"home-{VICTIM}",
+    )
     assert made.returncode == 0, made.stderr
     before = sorted(str(path) for path in private.rglob("*"))
     run = run_victim_ranks(users, base, url, [0, 1])

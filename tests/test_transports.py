@@ -50,12 +50,20 @@ def registry(monkeypatch):
 @pytest.mark.unit
 def test_torchs_backends_and_the_mpi_transport_are_registry_entries():
     assert [transport.names for transport in transports.registered_transports()][:6] == [
-        ("gloo",), ("nccl",), ("mpi",), ("ucc",), ("xccl",), ("mpi4py",)]
+        ("gloo",),
+        ("nccl",),
+        ("mpi",),
+        ("ucc",),
+        ("xccl",),
+        ("mpi4py",),
+    ]
     assert isinstance(transports.transport_named(" MPI4PY "), transports.MpiTransport)
     nccl = transports.transport_named("nccl")
     assert nccl is not None and nccl.devices == ("cuda",)
     assert [type(each).__name__ for each in transports.transports_of("cpu:gloo,cuda:nccl")] == [
-        "NativeTransport", "NativeTransport"]
+        "NativeTransport",
+        "NativeTransport",
+    ]
 
 
 @pytest.mark.unit
@@ -73,8 +81,11 @@ def test_a_registered_transport_answers_to_its_names_and_hears_every_run(registr
 @pytest.mark.unit
 def test_a_name_is_taken_over_only_with_replace(registry):
     register_transport(SharpGloo())
-    with pytest.raises(ValueError, match=r"torch_dist_backend 'sharp-gloo' already has a transport \(SharpGloo\)\. "
-                                         r"Pass replace=True"):
+    with pytest.raises(
+        ValueError,
+        match=r"torch_dist_backend 'sharp-gloo' already has a transport \(SharpGloo\)\. "
+        r"Pass replace=True",
+    ):
         register_transport(SharpGloo())
     replacement = SharpGloo()
     register_transport(replacement, replace=True)
@@ -86,8 +97,11 @@ def test_a_name_is_taken_over_only_with_replace(registry):
 @pytest.mark.unit
 def test_the_devices_a_transport_serves_are_checked_by_its_declaration(registry):
     register_transport(SharpGloo())
-    with pytest.raises(ValueError, match=r"torch_dist_backend='Sharp' \(the sharp-gloo transport\) moves CPU "
-                                         r"tensors only, but this Trainer runs on CUDA"):
+    with pytest.raises(
+        ValueError,
+        match=r"torch_dist_backend='Sharp' \(the sharp-gloo transport\) moves CPU "
+        r"tensors only, but this Trainer runs on CUDA",
+    ):
         check_backend_fits_devices("sharp-gloo", uses_cuda=True, given="Sharp")
     check_backend_fits_devices("sharp-gloo", uses_cuda=False)
     check_backend_fits_devices("cpu:sharp-gloo,cuda:nccl", uses_cuda=True)  # a composite names a backend per device
@@ -106,13 +120,21 @@ def test_the_generic_layers_import_no_transport():
     """What a transport needs they ask the registry; backends.py keeps one call into mpi/, the launch-size check's
     reading of the MPI launchers' variables (launcher knowledge, not the transport's)."""
     package = Path(transports.__file__).parents[1]
-    generic = [package / "backends.py", package / "bootstrap_plan.py", package / "strategy.py",
-               *(package / "process_group").rglob("*.py"), *(package / "doctor").rglob("*.py")]
+    generic = [
+        package / "backends.py",
+        package / "bootstrap_plan.py",
+        package / "strategy.py",
+        *(package / "process_group").rglob("*.py"),
+        *(package / "doctor").rglob("*.py"),
+    ]
     for path in generic:
         tree = ast.parse(path.read_text())
         imported = {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)} | {
-            f"{node.module}.{alias.name}" for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)
-            for alias in node.names}
+            f"{node.module}.{alias.name}"
+            for node in ast.walk(tree)
+            if isinstance(node, ast.ImportFrom)
+            for alias in node.names
+        }
         assert not any(".mpi" in name for name in imported if name) or path.name == "backends.py", path
         assert "MPI_BACKENDS" not in path.read_text(), path
     assert set(re.findall(r"\bmpi\.(\w+)", (package / "backends.py").read_text())) == {"detect_mpi_launch"}
@@ -128,24 +150,34 @@ def _write_entry_point(site: Path, target: str) -> None:
 
 @pytest.mark.slow
 def test_a_transport_registered_outside_the_package_creates_the_group_and_hears_each_rank_fail(tmp_path):
-    healthy = run_command([sys.executable, str(TRANSPORT_JOB), "--backend", "Wrapped-Gloo"], cwd=tmp_path,
-                          out_dir=tmp_path).assert_ok()
+    healthy = run_command(
+        [sys.executable, str(TRANSPORT_JOB), "--backend", "Wrapped-Gloo"], cwd=tmp_path, out_dir=tmp_path
+    ).assert_ok()
     for rank in (0, 1):
         assert f"rank {rank} trains over wrapped-gloo" in healthy.output
     assert healthy.output.count("wrapped-gloo heard: a run starts") == 2
-    failed = run_command([sys.executable, str(TRANSPORT_JOB), "--backend", "wrapped-gloo", "--fail"], cwd=tmp_path,
-                         out_dir=tmp_path)
+    failed = run_command(
+        [sys.executable, str(TRANSPORT_JOB), "--backend", "wrapped-gloo", "--fail"], cwd=tmp_path, out_dir=tmp_path
+    )
     assert failed.returncode != 0
     for rank in (0, 1):
         assert f"failed on RuntimeError: injected on rank {rank}" in failed.output, failed.output[-6000:]
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("backend", "refusal"), [
-    ("cuda-gloo", "torch_dist_backend='cuda-gloo' needs CUDA devices, but this Trainer's accelerator is not CUDA"),
-    ("mpi-launched-gloo", ("torch_dist_backend='mpi-launched-gloo' needs every rank started by an MPI launcher, "
-                           "but this process was not")),
-])
+@pytest.mark.parametrize(
+    ("backend", "refusal"),
+    [
+        ("cuda-gloo", "torch_dist_backend='cuda-gloo' needs CUDA devices, but this Trainer's accelerator is not CUDA"),
+        (
+            "mpi-launched-gloo",
+            (
+                "torch_dist_backend='mpi-launched-gloo' needs every rank started by an MPI launcher, "
+                "but this process was not"
+            ),
+        ),
+    ],
+)
 def test_a_transport_registered_outside_the_package_gets_the_trainer_s_early_checks(tmp_path, backend, refusal):
     run = run_command([sys.executable, str(TRANSPORT_JOB), "--backend", backend], cwd=tmp_path, out_dir=tmp_path)
     assert run.returncode == 1
@@ -161,9 +193,26 @@ def test_a_transport_named_in_an_entry_point_gets_a_doctor_row(tmp_path):
     env = job_environment()
     env["PYTHONPATH"] = f"{site}:{JOBS}:{env['PYTHONPATH']}"
     doctor = subprocess.run(
-        [sys.executable, "-m", "lightning_dist_hooks", "doctor", "--backend", "wrapped-gloo", "--devices", "2",
-         "--json", "--timeout", "60"],
-        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=180, stdin=subprocess.DEVNULL)
+        [
+            sys.executable,
+            "-m",
+            "lightning_dist_hooks",
+            "doctor",
+            "--backend",
+            "wrapped-gloo",
+            "--devices",
+            "2",
+            "--json",
+            "--timeout",
+            "60",
+        ],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=180,
+        stdin=subprocess.DEVNULL,
+    )
     assert doctor.returncode == 0, (doctor.stdout + doctor.stderr)[-6000:]
     document = json.loads(doctor.stdout.strip().splitlines()[-1])
     rows = {verdict["check"]: verdict for verdict in document["verdicts"]}
@@ -174,11 +223,14 @@ def test_a_transport_named_in_an_entry_point_gets_a_doctor_row(tmp_path):
 
 
 @pytest.mark.unit
-@pytest.mark.parametrize(("options", "backend"), [
-    (dict, "gloo"),  # Lightning's choice for CPU devices, decided in Trainer(...)
-    (lambda: {"torch_dist_backend": "GLOO"}, "gloo"),
-    (lambda: {"strategy": DDPStrategy(process_group_backend="gloo")}, "gloo"),  # the strategy's own
-])
+@pytest.mark.parametrize(
+    ("options", "backend"),
+    [
+        (dict, "gloo"),  # Lightning's choice for CPU devices, decided in Trainer(...)
+        (lambda: {"torch_dist_backend": "GLOO"}, "gloo"),
+        (lambda: {"strategy": DDPStrategy(process_group_backend="gloo")}, "gloo"),  # the strategy's own
+    ],
+)
 def test_the_plan_names_the_backend_every_rank_creates(options, backend):
     trainer = Trainer(**{"accelerator": "cpu", "devices": 2, "strategy": "ddp", "logger": False, **options()})
     plan = _lightning_internals.ours(trainer.strategy)
@@ -190,8 +242,11 @@ def test_an_entry_point_that_cannot_be_loaded_is_named(registry, monkeypatch, tm
     _write_entry_point(tmp_path, "no_such_module_here:Transport")
     monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.setattr(_base, "_entry_points_loaded", False)
-    with pytest.raises(RuntimeError, match=r"The lightning_dist_hooks.transports entry point wrapped = "
-                                           r"'no_such_module_here:Transport' cannot be loaded \(ModuleNotFoundError"):
+    with pytest.raises(
+        RuntimeError,
+        match=r"The lightning_dist_hooks.transports entry point wrapped = "
+        r"'no_such_module_here:Transport' cannot be loaded \(ModuleNotFoundError",
+    ):
         transports.transport_named("gloo")
 
 

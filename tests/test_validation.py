@@ -40,10 +40,17 @@ def test_unknown_backend_lists_the_backends_this_build_offers():
 TRANSPORT_OFFERED = mpi.is_available() and mpi.torch_fits_the_transport()
 
 
-@pytest.mark.parametrize(("typo", "meant"), [
-    ("mpii", "mpi"), ("glo", "gloo"), ("ncll", "nccl"),
-    pytest.param("mpi4pi", "mpi4py", marks=pytest.mark.skipif(not TRANSPORT_OFFERED, reason="needs the MPI transport")),
-])
+@pytest.mark.parametrize(
+    ("typo", "meant"),
+    [
+        ("mpii", "mpi"),
+        ("glo", "gloo"),
+        ("ncll", "nccl"),
+        pytest.param(
+            "mpi4pi", "mpi4py", marks=pytest.mark.skipif(not TRANSPORT_OFFERED, reason="needs the MPI transport")
+        ),
+    ],
+)
 def test_a_near_miss_gets_a_did_you_mean(typo, meant):
     with pytest.raises(ValueError, match=rf"'{typo}' is not a torch.distributed backend. Did you mean '{meant}'\?"):
         make_trainer(torch_dist_backend=typo)
@@ -93,8 +100,11 @@ def test_nccl_without_cuda_devices_suggests_gloo():
 
 
 def test_the_mpi4py_transport_on_cuda_devices_suggests_nccl():
-    with pytest.raises(ValueError, match=r"'mpi4py' moves CPU tensors only, but this Trainer runs on CUDA. "
-                                         r"Use torch_dist_backend='nccl'"):
+    with pytest.raises(
+        ValueError,
+        match=r"'mpi4py' moves CPU tensors only, but this Trainer runs on CUDA. "
+        r"Use torch_dist_backend='nccl'",
+    ):
         check_backend_fits_devices("mpi4py", uses_cuda=True)
 
 
@@ -110,15 +120,29 @@ def test_the_mpi4py_transport_on_cuda_devices_is_named_as_the_user_wrote_it():
 _NEEDS_MPI4PY = pytest.mark.skipif(not mpi.is_available(), reason="needs mpi4py: without it, mpi4py is what is named")
 
 
-@pytest.mark.parametrize("flags", [
-    pytest.param({"torch_dist_backend": "mpi4py"}, marks=_NEEDS_MPI4PY), {"torch_dist_backend": "cpu:mpi4py"},
-    pytest.param({"torch_dist_backend": "mpi"}, marks=[_NEEDS_MPI4PY, pytest.mark.skipif(
-        dist.is_mpi_available(), reason="this torch has native MPI, which 'mpi' names before the transport")]),
-])
+@pytest.mark.parametrize(
+    "flags",
+    [
+        pytest.param({"torch_dist_backend": "mpi4py"}, marks=_NEEDS_MPI4PY),
+        {"torch_dist_backend": "cpu:mpi4py"},
+        pytest.param(
+            {"torch_dist_backend": "mpi"},
+            marks=[
+                _NEEDS_MPI4PY,
+                pytest.mark.skipif(
+                    dist.is_mpi_available(), reason="this torch has native MPI, which 'mpi' names before the transport"
+                ),
+            ],
+        ),
+    ],
+)
 def test_the_mpi_transport_on_a_torch_older_than_it_needs_fails_at_construction_naming_the_range(monkeypatch, flags):
     monkeypatch.setattr(torch, "__version__", "2.12.0+cu130")
-    with pytest.raises(RuntimeError, match=r"The MPI transport .* needs torch>=2\.13,<2\.15, but this is torch "
-                                           r"2\.12\.0\+cu130.*Upgrade torch \(pip install 'torch>=2\.13,<2\.15'\)"):
+    with pytest.raises(
+        RuntimeError,
+        match=r"The MPI transport .* needs torch>=2\.13,<2\.15, but this is torch "
+        r"2\.12\.0\+cu130.*Upgrade torch \(pip install 'torch>=2\.13,<2\.15'\)",
+    ):
         make_trainer(**flags)
 
 
@@ -132,8 +156,9 @@ def test_a_registered_third_party_backend_is_accepted():
 @both_packages
 def test_backend_conflicting_with_the_strategy_is_an_error(package):
     DDPStrategy = package.pl.strategies.DDPStrategy
-    with pytest.raises(ValueError,
-                       match=r"torch_dist_backend='gloo' conflicts with DDPStrategy\(process_group_backend='nccl'\)"):
+    with pytest.raises(
+        ValueError, match=r"torch_dist_backend='gloo' conflicts with DDPStrategy\(process_group_backend='nccl'\)"
+    ):
         make_trainer(package, strategy=DDPStrategy(process_group_backend="nccl"), torch_dist_backend="gloo")
 
 
@@ -161,8 +186,10 @@ def test_backend_must_be_a_string():
         ("tcp://bad_host!:29500", r"'bad_host!' is not a host name or IP address"),
         ("tcp://:29500", r"'' is not a host name or IP address"),
         # .invalid never resolves (RFC 2606): the error comes at construction, not after the store's timeout.
-        ("tcp://nohost.invalid:29500",
-         r"the host 'nohost.invalid' does not resolve on .* \(.+\)\. Give rank 0's IP address"),
+        (
+            "tcp://nohost.invalid:29500",
+            r"the host 'nohost.invalid' does not resolve on .* \(.+\)\. Give rank 0's IP address",
+        ),
         ("env://127.0.0.1:29500", r"env:// takes no address"),
         ("file://relative/rendezvous", r"must be an absolute path, but 'relative/rendezvous' is relative"),
         ("file:rendezvous", r"must be an absolute path, but 'rendezvous' is relative"),
@@ -175,7 +202,9 @@ def test_bad_init_method_names_the_value_and_the_fix(init_method, message):
     assert re.search(message, str(error.value)), str(error.value)
 
 
-@pytest.mark.parametrize("init_method", ["env://", "tcp://127.0.0.1:29500", "tcp://[::1]:29500", "tcp://localhost:29500"])
+@pytest.mark.parametrize(
+    "init_method", ["env://", "tcp://127.0.0.1:29500", "tcp://[::1]:29500", "tcp://localhost:29500"]
+)
 def test_good_init_methods_are_kept(init_method):
     assert make_trainer(torch_dist_init_method=init_method).torch_dist_init_method == init_method
 
@@ -217,22 +246,30 @@ def test_file_init_method_in_an_unwritable_directory():
 
 def test_file_init_method_naming_a_directory_gets_a_file_for_this_launch(tmp_path: Path):
     trainer = make_trainer(torch_dist_init_method=f"file://{tmp_path}/")
-    assert re.fullmatch(rf"file://{tmp_path}/ldh-uid-{os.geteuid()}/ldh-rendezvous-LIGHTNING_DIST_HOOKS_LAUNCH_TOKEN-"
-                        rf"[0-9a-f]{{32}}-[0-9a-f]{{8}}",
-                        trainer.torch_dist_init_method)
+    assert re.fullmatch(
+        rf"file://{tmp_path}/ldh-uid-{os.geteuid()}/ldh-rendezvous-LIGHTNING_DIST_HOOKS_LAUNCH_TOKEN-"
+        rf"[0-9a-f]{{32}}-[0-9a-f]{{8}}",
+        trainer.torch_dist_init_method,
+    )
 
 
 def test_only_a_trailing_slash_means_one_file_per_launch(tmp_path: Path):
     # Issue 9: a directory someone created at the path of the file must not switch to per-launch files inside it.
-    with pytest.raises(ValueError, match=rf"names '{tmp_path}' \(a directory owned by .*\), not a file. For one file "
-                                         rf"per launch inside it, end the URL with a slash \('file://{tmp_path}/'\)"):
+    with pytest.raises(
+        ValueError,
+        match=rf"names '{tmp_path}' \(a directory owned by .*\), not a file. For one file "
+        rf"per launch inside it, end the URL with a slash \('file://{tmp_path}/'\)",
+    ):
         make_trainer(torch_dist_init_method=f"file://{tmp_path}")
 
 
 @both_packages
 def test_flags_on_a_run_without_a_process_group_warn_that_they_are_ignored_at_the_users_line(package):
-    with pytest.warns(UserWarning, match=r"torch_dist_backend='gloo' .* are ignored: SingleDeviceStrategy creates no "
-                                         r"process group") as caught:
+    with pytest.warns(
+        UserWarning,
+        match=r"torch_dist_backend='gloo' .* are ignored: SingleDeviceStrategy creates no "
+        r"process group",
+    ) as caught:
         package.ours.Trainer(accelerator="cpu", devices=1, strategy="auto", torch_dist_backend="gloo", logger=False)
         line = sys._getframe().f_lineno - 1
     (warning,) = [each for each in caught if "are ignored" in str(each.message)]
@@ -242,8 +279,11 @@ def test_flags_on_a_run_without_a_process_group_warn_that_they_are_ignored_at_th
 @pytest.mark.skipif(not TRANSPORT_OFFERED, reason="needs mpi4py and a torch the MPI transport supports")
 @pytest.mark.skipif(dist.is_mpi_available(), reason="this torch has native MPI, which 'mpi' names before the transport")
 def test_the_ignored_flags_warning_names_the_backend_as_the_user_wrote_it():
-    with pytest.warns(UserWarning, match=r"^torch_dist_backend='mpi' \(the mpi4py transport\) and "
-                                         r"torch_dist_init_method='mpi://' are ignored: SingleDeviceStrategy"):
+    with pytest.warns(
+        UserWarning,
+        match=r"^torch_dist_backend='mpi' \(the mpi4py transport\) and "
+        r"torch_dist_init_method='mpi://' are ignored: SingleDeviceStrategy",
+    ):
         make_trainer(devices=1, strategy="auto", torch_dist_backend="mpi")
 
 

@@ -17,8 +17,10 @@ import torch
 import torch.distributed as dist
 from torch.utils.data import DataLoader, TensorDataset
 
-PACKAGES = {"pytorch_lightning": ("pytorch_lightning", "lightning_dist_hooks"),
-            "lightning": ("lightning.pytorch", "lightning_dist_hooks.lightning")}
+PACKAGES = {
+    "pytorch_lightning": ("pytorch_lightning", "lightning_dist_hooks"),
+    "lightning": ("lightning.pytorch", "lightning_dist_hooks.lightning"),
+}
 # sys.argv stays as it is: Lightning's ddp launcher starts the other ranks with it.
 PACKAGE, CLI_ARGS = (
     (sys.argv[2], sys.argv[3:]) if sys.argv[1:2] == ["--package"] else ("pytorch_lightning", sys.argv[1:])
@@ -41,8 +43,9 @@ class CliModel(pl.LightningModule):
         self.setup_calls: list[dict] = []
 
     def setup_distributed_backend(self, backend, init_method, rank, world_size, timeout):
-        self.setup_calls.append({"backend": backend, "init_method": init_method, "rank": rank,
-                                 "world_size": world_size})
+        self.setup_calls.append(
+            {"backend": backend, "init_method": init_method, "rank": rank, "world_size": world_size}
+        )
         dist.init_process_group(backend, init_method=init_method, rank=rank, world_size=world_size, timeout=timeout)
 
     def training_step(self, batch, batch_idx):
@@ -66,12 +69,18 @@ class CliModel(pl.LightningModule):
             "trainer": f"{type(self.trainer).__module__}.{type(self.trainer).__qualname__}",
             "max_epochs": self.trainer.max_epochs,
             "weights_sha256": hashlib.sha256(
-                b"".join(p.detach().numpy().tobytes() for p in self.parameters())).hexdigest(),
+                b"".join(p.detach().numpy().tobytes() for p in self.parameters())
+            ).hexdigest(),
         }
         Path(self.out).mkdir(parents=True, exist_ok=True)
         Path(self.out, f"rank{self.global_rank}.json").write_text(json.dumps(record))
 
 
 if __name__ == "__main__":
-    LightningCLI(CliModel, trainer_class=ours.Trainer, seed_everything_default=7, args=CLI_ARGS,
-                 trainer_defaults={"enable_progress_bar": False, "enable_model_summary": False})
+    LightningCLI(
+        CliModel,
+        trainer_class=ours.Trainer,
+        seed_everything_default=7,
+        args=CLI_ARGS,
+        trainer_defaults={"enable_progress_bar": False, "enable_model_summary": False},
+    )

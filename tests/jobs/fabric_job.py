@@ -24,10 +24,18 @@ setup_calls: list[dict] = []
 
 def recording_setup_distributed_backend(backend, init_method, rank, world_size, timeout, device_id=None):
     """Module-level, so that ``ddp_spawn`` can pickle it by reference."""
-    setup_calls.append({"backend": backend, "init_method": init_method, "rank": rank, "world_size": world_size,
-                        "device_id": None if device_id is None else str(device_id)})
-    dist.init_process_group(backend, init_method=init_method, rank=rank, world_size=world_size, timeout=timeout,
-                            device_id=device_id)
+    setup_calls.append(
+        {
+            "backend": backend,
+            "init_method": init_method,
+            "rank": rank,
+            "world_size": world_size,
+            "device_id": None if device_id is None else str(device_id),
+        }
+    )
+    dist.init_process_group(
+        backend, init_method=init_method, rank=rank, world_size=world_size, timeout=timeout, device_id=device_id
+    )
 
 
 class StridedSampler(Sampler):
@@ -75,7 +83,8 @@ def train(fabric, out: str) -> None:
         "seen": seen,
         "samples_on_all_ranks": int(fabric.all_reduce(torch.tensor(len(seen)), reduce_op="sum").item()),
         "weights_sha256": hashlib.sha256(
-            b"".join(p.detach().cpu().numpy().tobytes() for p in model.parameters())).hexdigest(),
+            b"".join(p.detach().cpu().numpy().tobytes() for p in model.parameters())
+        ).hexdigest(),
         "bound_device": _bound_device(),
         "pid": os.getpid(),
     }
@@ -95,9 +104,14 @@ def main() -> None:
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
     ours = importlib.import_module(PACKAGES[args.package])
-    fabric = ours.Fabric(accelerator=args.accelerator, devices=args.devices, strategy=args.strategy,
-                         torch_dist_backend=args.backend, torch_dist_init_method=args.init_method,
-                         setup_distributed_backend=recording_setup_distributed_backend if args.setup_hook else None)
+    fabric = ours.Fabric(
+        accelerator=args.accelerator,
+        devices=args.devices,
+        strategy=args.strategy,
+        torch_dist_backend=args.backend,
+        torch_dist_init_method=args.init_method,
+        setup_distributed_backend=recording_setup_distributed_backend if args.setup_hook else None,
+    )
     fabric.launch(train, args.out)
 
 

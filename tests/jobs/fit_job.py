@@ -32,8 +32,10 @@ else:
     from sockets import connected_ipv4_sockets, listening_tcp_ports
 
 # --package picks the Lightning package the whole job uses (read before main(): the classes below subclass it).
-PACKAGES = {"pytorch_lightning": ("pytorch_lightning", "lightning_dist_hooks"),
-            "lightning": ("lightning.pytorch", "lightning_dist_hooks.lightning")}
+PACKAGES = {
+    "pytorch_lightning": ("pytorch_lightning", "lightning_dist_hooks"),
+    "lightning": ("lightning.pytorch", "lightning_dist_hooks.lightning"),
+}
 _preparser = argparse.ArgumentParser(add_help=False)
 _preparser.add_argument("--package", choices=sorted(PACKAGES), default="pytorch_lightning")
 PACKAGE = _preparser.parse_known_args()[0].package
@@ -203,14 +205,26 @@ class RecordingSetupHook:
 
     def setup_distributed_backend(self, backend, init_method, rank, world_size, timeout, device_id=None):
         self.setup_calls.append(
-            {"backend": backend, "init_method": init_method, "rank": rank, "world_size": world_size,
-             "timeout_s": timeout.total_seconds(), "initialized_before": dist.is_initialized(),
-             "device_id": None if device_id is None else str(device_id)}
+            {
+                "backend": backend,
+                "init_method": init_method,
+                "rank": rank,
+                "world_size": world_size,
+                "timeout_s": timeout.total_seconds(),
+                "initialized_before": dist.is_initialized(),
+                "device_id": None if device_id is None else str(device_id),
+            }
         )
-        dist.init_process_group(backend=backend, init_method=init_method, rank=rank, world_size=world_size,
-                                timeout=timeout, device_id=device_id)
+        dist.init_process_group(
+            backend=backend,
+            init_method=init_method,
+            rank=rank,
+            world_size=world_size,
+            timeout=timeout,
+            device_id=device_id,
+        )
         if init_method.startswith("file://"):
-            self.setup_calls[-1]["rendezvous_file_mode"] = oct(os.stat(init_method[len("file://"):]).st_mode & 0o777)
+            self.setup_calls[-1]["rendezvous_file_mode"] = oct(os.stat(init_method[len("file://") :]).st_mode & 0o777)
 
 
 class HandBuiltStoreSetupHook(RecordingSetupHook):
@@ -220,9 +234,16 @@ class HandBuiltStoreSetupHook(RecordingSetupHook):
 
     # Without device_id on purpose: the signature's older form, which the hook's check accepts.
     def setup_distributed_backend(self, backend, init_method, rank, world_size, timeout):  # type: ignore[override]
-        self.setup_calls.append({"backend": backend, "init_method": init_method, "rank": rank,
-                                 "world_size": world_size, "timeout_s": timeout.total_seconds(),
-                                 "initialized_before": dist.is_initialized()})
+        self.setup_calls.append(
+            {
+                "backend": backend,
+                "init_method": init_method,
+                "rank": rank,
+                "world_size": world_size,
+                "timeout_s": timeout.total_seconds(),
+                "initialized_before": dist.is_initialized(),
+            }
+        )
         store = dist.FileStore(self.args.hand_store, world_size)
         dist.init_process_group(backend=backend, store=store, rank=rank, world_size=world_size, timeout=timeout)
 
@@ -242,8 +263,9 @@ class RaisingSetupHook:
         if rank == world_size - 1:
             announce_failure()
             raise OSError("site bootstrap service unreachable")
-        dist.init_process_group(backend=backend, init_method=init_method, rank=rank, world_size=world_size,
-                                timeout=timeout)
+        dist.init_process_group(
+            backend=backend, init_method=init_method, rank=rank, world_size=world_size, timeout=timeout
+        )
 
 
 class RaisingSamplerHook:
@@ -283,10 +305,21 @@ class SuperSamplerHook:
 
 
 ENVIRONMENTS = {environment.__name__: environment for environment in LAUNCHER_ENVIRONMENTS}
-SETUP_HOOKS = {"none": None, "record": RecordingSetupHook, "hand-store": HandBuiltStoreSetupHook,
-               "no-group": NoGroupSetupHook, "wrong-world": WrongWorldSetupHook, "raise": RaisingSetupHook}
-SAMPLER_HOOKS = {"none": None, "custom": CustomSamplerHook, "keep": KeepLoaderSamplerHook, "super": SuperSamplerHook,
-                 "raise": RaisingSamplerHook}
+SETUP_HOOKS = {
+    "none": None,
+    "record": RecordingSetupHook,
+    "hand-store": HandBuiltStoreSetupHook,
+    "no-group": NoGroupSetupHook,
+    "wrong-world": WrongWorldSetupHook,
+    "raise": RaisingSetupHook,
+}
+SAMPLER_HOOKS = {
+    "none": None,
+    "custom": CustomSamplerHook,
+    "keep": KeepLoaderSamplerHook,
+    "super": SuperSamplerHook,
+    "raise": RaisingSamplerHook,
+}
 
 
 class JobDataModule(pl.LightningDataModule):
@@ -362,22 +395,38 @@ def main() -> None:
     parser.add_argument("--die-at-step", type=int, help="--die-rank exits abruptly when this training step starts")
     parser.add_argument("--raise-at-step", type=int, help="--die-rank raises in training_step at this step")
     parser.add_argument("--die-rank", type=int, default=1)
-    parser.add_argument("--swallow-errors", action="store_true",
-                        help="catch an exception from the trainer and exit normally, as a script that logs it might")
-    parser.add_argument("--training-marker",
-                        help="each rank touches MARKER.rank<R> when its first training step starts")
+    parser.add_argument(
+        "--swallow-errors",
+        action="store_true",
+        help="catch an exception from the trainer and exit normally, as a script that logs it might",
+    )
+    parser.add_argument(
+        "--training-marker", help="each rank touches MARKER.rank<R> when its first training step starts"
+    )
     parser.add_argument("--step-seconds", type=float, default=0.0, help="sleep this long in every training step")
-    parser.add_argument("--cluster-environment", choices=sorted(ENVIRONMENTS),
-                        help="pass this environment in plugins=[...] instead of letting the Trainer detect one")
+    parser.add_argument(
+        "--cluster-environment",
+        choices=sorted(ENVIRONMENTS),
+        help="pass this environment in plugins=[...] instead of letting the Trainer detect one",
+    )
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
 
     pl.seed_everything(7)
     plugins = [ENVIRONMENTS[args.cluster_environment]()] if args.cluster_environment else None
-    common = {"plugins": plugins, "accelerator": args.accelerator, "devices": args.devices,
-              "num_nodes": args.num_nodes, "strategy": build_strategy(args), "max_epochs": args.epochs, "logger": False,
-              "enable_checkpointing": False, "enable_progress_bar": False, "enable_model_summary": False,
-              "num_sanity_val_steps": 1}
+    common = {
+        "plugins": plugins,
+        "accelerator": args.accelerator,
+        "devices": args.devices,
+        "num_nodes": args.num_nodes,
+        "strategy": build_strategy(args),
+        "max_epochs": args.epochs,
+        "logger": False,
+        "enable_checkpointing": False,
+        "enable_progress_bar": False,
+        "enable_model_summary": False,
+        "num_sanity_val_steps": 1,
+    }
     if args.trainer == "pl":
         trainer = pl.Trainer(**common)
     else:

@@ -23,8 +23,9 @@ def main() -> None:
     args = parser.parse_args()
     if args.grace:
         hand_the_gil_to_backend_threads_at_exit()
-    dist.init_process_group("gloo", init_method=args.init_method, rank=args.rank, world_size=2,
-                            timeout=timedelta(seconds=60))
+    dist.init_process_group(
+        "gloo", init_method=args.init_method, rank=args.rank, world_size=2, timeout=timedelta(seconds=60)
+    )
     dist.all_reduce(torch.tensor([1, 2]))
 
 

@@ -23,8 +23,11 @@ def connected_ipv4_sockets(pid: int) -> list[tuple[str, str]]:
 
     /proc/PID/net/tcp lists the whole network namespace; only sockets this process holds are kept.
     """
-    return sorted((_ipv4(local), _ipv4(remote)) for local, remote, state in _tcp_sockets(pid, ("tcp",))
-                  if state in (_ESTABLISHED, _CLOSE_WAIT))
+    return sorted(
+        (_ipv4(local), _ipv4(remote))
+        for local, remote, state in _tcp_sockets(pid, ("tcp",))
+        if state in (_ESTABLISHED, _CLOSE_WAIT)
+    )
 
 
 def _tcp_sockets(pid: int, tables: tuple[str, ...] = ("tcp", "tcp6")) -> list[tuple[str, str, str]]:

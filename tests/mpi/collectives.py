@@ -309,8 +309,9 @@ def _ramp(rank: int, count: int, dtype: torch.dtype = torch.float32) -> torch.Te
     return (torch.arange(count, dtype=torch.float64) % 97 + 100 * (rank + 1)).to(dtype)
 
 
-def route_operations(rank: int, world: int, count: int
-                     ) -> dict[str, Callable[[Callable[[dist.Work], None]], list[tuple[Any, Any]]]]:
+def route_operations(
+    rank: int, world: int, count: int
+) -> dict[str, Callable[[Callable[[dist.Work], None]], list[tuple[Any, Any]]]]:
     """Every collective and point-to-point operation issued with ``async_op=True``, as a function that issues it,
     completes it with ``complete`` and returns (actual, expected) pairs."""
     right, left = (rank + 1) % world, (rank - 1) % world
@@ -385,10 +386,24 @@ def route_operations(rank: int, world: int, count: int
             complete(work)
         return [(received, everyone[left])]
 
-    return {operation.__name__: operation for operation in (
-        allreduce, broadcast, all_gather, all_gather_into_tensor, gather, scatter, reduce, reduce_scatter,
-        reduce_scatter_tensor, all_to_all_single, all_to_all, barrier, isend_irecv,
-    )}
+    return {
+        operation.__name__: operation
+        for operation in (
+            allreduce,
+            broadcast,
+            all_gather,
+            all_gather_into_tensor,
+            gather,
+            scatter,
+            reduce,
+            reduce_scatter,
+            reduce_scatter_tensor,
+            all_to_all_single,
+            all_to_all,
+            barrier,
+            isend_irecv,
+        )
+    }
 
 
 def check_completion_routes(checks: Checks, world: int) -> None:
@@ -404,8 +419,11 @@ def check_completion_routes(checks: Checks, world: int) -> None:
     count = ROUTE_SIZES["queued"]
     first, second = _ramp(rank, count), _ramp(rank, count) * 2
     small, blocking = torch.full((4,), float(rank)), torch.full((2,), float(rank + 1))
-    works = [dist.all_reduce(first, async_op=True), dist.all_reduce(second, op=ReduceOp.MAX, async_op=True),
-             dist.all_reduce(small, async_op=True)]
+    works = [
+        dist.all_reduce(first, async_op=True),
+        dist.all_reduce(second, op=ReduceOp.MAX, async_op=True),
+        dist.all_reduce(small, async_op=True),
+    ]
     dist.all_reduce(blocking)
     for work, route in zip(reversed(works), ("future", "wait", "future"), strict=True):
         _complete(work, route)

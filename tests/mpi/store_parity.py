@@ -325,8 +325,9 @@ CASES: list[Callable[[AnyStore, Steps], None]] = [
 ]
 
 
-def run_alone(rank: int, store: AnyStore, name: str, cases: list[Callable[[AnyStore, Steps], None]] = CASES
-              ) -> list[str]:
+def run_alone(
+    rank: int, store: AnyStore, name: str, cases: list[Callable[[AnyStore, Steps], None]] = CASES
+) -> list[str]:
     """Every case in turn on ``store``; the report's lines."""
     store.set_timeout(LONG)
     lines = []

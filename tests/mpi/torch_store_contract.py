@@ -136,8 +136,11 @@ def compare_set(store: AnyStore, call: Recorder) -> None:
 
 
 def simple_wait(fs: AnyStore, call: Recorder) -> None:
-    raises(lambda: call("wait bad_key", lambda: fs.wait(["bad_key"], timedelta(seconds=0.25))), RuntimeError,
-           "[t -i]imeout")
+    raises(
+        lambda: call("wait bad_key", lambda: fs.wait(["bad_key"], timedelta(seconds=0.25))),
+        RuntimeError,
+        "[t -i]imeout",
+    )
     call("add good_key", lambda: fs.add("good_key", 1))
     call("wait good_key", lambda: fs.wait(["good_key"]))
 
@@ -422,9 +425,13 @@ def main() -> None:
                 if rank == runner:
                     hash_store = dist.HashStore()
                     hash_store.set_timeout(STORE_TIMEOUT)
-                    record = {"case": case, "kind": kind, "runner": runner,
-                              "HashStore": run_case(case, wrapped(kind, hash_store)),
-                              "MpiStore": run_case(case, wrapped(kind, mpi_store))}
+                    record = {
+                        "case": case,
+                        "kind": kind,
+                        "runner": runner,
+                        "HashStore": run_case(case, wrapped(kind, hash_store)),
+                        "MpiStore": run_case(case, wrapped(kind, mpi_store)),
+                    }
                     report.line(json.dumps(record))
                 barrier()  # the other ranks' service threads answered the runner meanwhile
                 mpi_store.close()
