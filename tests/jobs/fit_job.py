@@ -100,6 +100,7 @@ class JobModule(pl.LightningModule):
         self.seen: dict[str, list[int]] = {}
         self.sampler_calls: list[str] = []
         self.setup_calls: list[dict] = []
+        self.connections_while_training: list[tuple[str, str]] | None = None
 
     def _record_batch(self, stage: str, batch) -> torch.Tensor:
         indices, x, y = batch
@@ -117,6 +118,11 @@ class JobModule(pl.LightningModule):
             os._exit(1)  # an abrupt death: no exception, no finalizers, no teardown (as a crash or the OOM killer)
         if self.args.training_marker and self.global_step == 0:
             Path(f"{self.args.training_marker}.rank{self.global_rank}").touch()
+        # What this rank is connected to, taken while every peer is sure to be alive (each must join this step's
+        # all-reduce) and after step 0's all-reduce connected every pair gloo connects. At teardown a peer that
+        # finished first may be gone, and gloo closes its own end of a socket once the peer's end closes.
+        if self.global_step >= 1:
+            self.connections_while_training = connected_ipv4_sockets(os.getpid())
         time.sleep(self.args.step_seconds)
 
     def validation_step(self, batch, batch_idx):
@@ -171,7 +177,9 @@ class JobModule(pl.LightningModule):
             "pid": os.getpid(),
             "hostname": socket.gethostname(),
             "master_addr": os.environ.get("MASTER_ADDR"),
-            "tcp_connections": connected_ipv4_sockets(os.getpid()),
+            "tcp_connections": self.connections_while_training
+            if self.connections_while_training is not None
+            else connected_ipv4_sockets(os.getpid()),
             "listening_tcp_ports": sorted(listening_tcp_ports(os.getpid())),
             "exit_grace": exit_grace.registered_in_this_process(),
         }
