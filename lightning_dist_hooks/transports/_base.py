@@ -178,16 +178,16 @@ def transport_named(name: str) -> Transport | None:
     return _REGISTRY.get(name.strip().lower())
 
 
-def registered_transports() -> list[Transport]:
-    """Every registered transport once, in the order they were registered."""
-    _load_entry_points()
-    return list(dict.fromkeys(_REGISTRY.values()))
-
-
 def _registered_so_far() -> list[Transport]:
     # Without the entry points: the flags' documentation is written while this package is imported, and a package
     # named there may import this one.
     return list(dict.fromkeys(_REGISTRY.values()))
+
+
+def registered_transports() -> list[Transport]:
+    """Every registered transport once, in the order they were registered."""
+    _load_entry_points()
+    return _registered_so_far()
 
 
 def registered_transport_forms() -> list[str]:

@@ -118,10 +118,10 @@ class JobModule(pl.LightningModule):
             os._exit(1)  # an abrupt death: no exception, no finalizers, no teardown (as a crash or the OOM killer)
         if self.args.training_marker and self.global_step == 0:
             Path(f"{self.args.training_marker}.rank{self.global_rank}").touch()
-        # What this rank is connected to, taken while every peer is sure to be alive (each must join this step's
-        # all-reduce) and after step 0's all-reduce connected every pair gloo connects. At teardown a peer that
-        # finished first may be gone, and gloo closes its own end of a socket once the peer's end closes.
-        if self.global_step >= 1:
+        # What this rank is connected to, taken once, while every peer is sure to be alive (each must join this
+        # step's all-reduce) and after step 0's all-reduce connected every pair gloo connects. At teardown a peer
+        # that finished first may be gone, and gloo closes its own end of a socket once the peer's end closes.
+        if self.global_step == 1 and self.connections_while_training is None:
             self.connections_while_training = connected_ipv4_sockets(os.getpid())
         time.sleep(self.args.step_seconds)
 
