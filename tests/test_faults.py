@@ -43,6 +43,21 @@ STARTUP_S = 45
 # A long process-group timeout, for failures that must end the job without waiting for it.
 LONG_TIMEOUT_S = 300
 SHORT_FLAGS = ["--strategy", "ddp-instance", "--timeout", str(TIMEOUT_S), "--backend", "gloo"]
+LONG_TIMEOUT_FLAGS = ["--strategy", "ddp-instance", "--timeout", str(LONG_TIMEOUT_S), "--backend", "gloo"]
+
+
+def flux_task(rank: int, size: int, job_id: str) -> dict[str, str]:
+    """``job_environment`` for one task of a single-node Flux job, as ``flux run`` sets it: a test starts each rank
+    itself, when it chooses."""
+    return job_environment(
+        FLUX_TASK_RANK=str(rank),
+        FLUX_TASK_LOCAL_ID=str(rank),
+        FLUX_JOB_SIZE=str(size),
+        FLUX_JOB_NNODES="1",
+        FLUX_JOB_ID=job_id,
+        PMI_RANK=str(rank),
+        PMI_SIZE=str(size),
+    )
 
 
 def timed(run, *args, **kwargs) -> tuple[JobResult, float]:
@@ -98,16 +113,7 @@ def test_a_rendezvous_stuck_inside_torch_past_its_timeout_ends_the_rank_naming_i
         listener.bind(("127.0.0.1", 0))
         listener.listen(0)
         url = f"tcp://127.0.0.1:{listener.getsockname()[1]}"
-        flux_rank_1 = job_environment(
-            FLUX_TASK_RANK="1",
-            FLUX_TASK_LOCAL_ID="1",
-            FLUX_JOB_SIZE="2",
-            FLUX_JOB_NNODES="1",
-            FLUX_JOB_ID="f42stuck",
-            PMI_RANK="1",
-            PMI_SIZE="2",
-        )
-        result, elapsed = timed(run_job, *SHORT_FLAGS, "--init-method", url, env=flux_rank_1)
+        result, elapsed = timed(run_job, *SHORT_FLAGS, "--init-method", url, env=flux_task(1, 2, "f42stuck"))
     assert result.returncode == 1, result.output[-4000:]
     assert (
         f"rank 1 of 2: the rendezvous through {url} has not returned 10 s after its {TIMEOUT_S} s timeout: it is "
@@ -123,21 +129,12 @@ def test_a_rendezvous_file_cut_short_mid_record_ends_the_waiting_rank_naming_it(
     # a record header announcing 64 bytes and writes 3, under FileStore's lock, while rank 0 waits for rank 1.
     url = f"file://{rendezvous_dir}/rdzv"
     path = rendezvous_dir / f"ldh-uid-{os.geteuid()}" / "rdzv"
-    flux_rank_0 = job_environment(
-        FLUX_TASK_RANK="0",
-        FLUX_TASK_LOCAL_ID="0",
-        FLUX_JOB_SIZE="2",
-        FLUX_JOB_NNODES="1",
-        FLUX_JOB_ID="f42cut",
-        PMI_RANK="0",
-        PMI_SIZE="2",
-    )
     started = time.monotonic()
     with open(tmp_path / "rank0.log", "w") as log:
         rank_0 = subprocess.Popen(
             [sys.executable, str(FIT_JOB), "--out", str(tmp_path / "out"), *SHORT_FLAGS, "--init-method", url],
             cwd=tmp_path,
-            env=flux_rank_0,
+            env=flux_task(0, 2, "f42cut"),
             stdout=log,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
@@ -156,10 +153,61 @@ def test_a_rendezvous_file_cut_short_mid_record_ends_the_waiting_rank_naming_it(
             rank_0.kill()
     output = (tmp_path / "rank0.log").read_text()
     assert returncode == 1, output[-4000:]
+    # Rank 1 never claimed its place: the deadline names it, as torch's own timeout error would have.
     assert (
-        f"rank 0 of 2: the rendezvous through file://{path} has not returned 10 s after its {TIMEOUT_S} s "
-        "timeout: it is stuck inside torch"
+        f"rank 0 of 2 timed out after {TIMEOUT_S} s waiting for the rendezvous through file://{path}; ranks that "
+        "never arrived: [1]. torch had not returned 10 s later"
     ) in output, output[-4000:]
+    wait_until_gone(tmp_path, rendezvous_dir)
+
+
+def test_a_rank_arriving_late_does_not_push_back_the_timeout_for_one_that_never_arrives(tmp_path, rendezvous_dir):
+    # gloo waits for the ranks one after another, each wait with the whole timeout: rank 0 waits for rank 1, which
+    # arrives after 10 s, then 30 s more for rank 2, which never does. Its deadline (the timeout plus 10 s) ends it
+    # first, with the timeout's message. Rank 1 is left waiting on a rendezvous whose file the janitor removed when
+    # rank 0 ended (a launcher would stop it at once; none runs here): its own deadline ends it.
+    timeout_s = 30
+    url = f"file://{rendezvous_dir}/late"
+    flags = [*LONG_TIMEOUT_FLAGS, "--devices", "3", "--init-method", url]
+    flags[flags.index("--timeout") + 1] = str(timeout_s)
+    logs = [tmp_path / f"rank{rank}.log" for rank in (0, 1)]
+
+    def start(rank: int) -> subprocess.Popen:
+        with open(logs[rank], "w") as log:
+            return subprocess.Popen(
+                [sys.executable, str(FIT_JOB), "--out", str(tmp_path / "out"), *flags],
+                cwd=tmp_path,
+                env=flux_task(rank, 3, "f42late"),
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+            )
+
+    rank_0 = start(0)
+    ranks = [rank_0]
+    try:
+        # Rank 0's first progress line comes 10 s into its wait: rank 1 starts only then.
+        while "rank 0: waiting for 2 of 3 ranks ([1, 2])" not in logs[0].read_text():
+            assert rank_0.poll() is None, logs[0].read_text()[-4000:]
+            time.sleep(0.1)
+        ranks.append(start(1))
+        returncode_0 = rank_0.wait(timeout=timeout_s + 10 + STARTUP_S)
+        returncode_1 = ranks[1].wait(timeout=timeout_s + STARTUP_S)
+    finally:
+        for rank in ranks:
+            rank.kill()
+    output_0, output_1 = (log.read_text() for log in logs)
+    path = rendezvous_dir / f"ldh-uid-{os.geteuid()}" / "late"
+    assert returncode_0 == 1, output_0[-4000:]
+    # Said by the deadline, 10 s after rank 0's own timeout: torch would have waited 30 s after rank 1 arrived.
+    assert (
+        f"rank 0 of 3 timed out after {timeout_s} s waiting for the rendezvous through file://{path}; ranks that "
+        "never arrived: [2]. torch had not returned 10 s later"
+    ) in output_0, output_0[-4000:]
+    assert returncode_1 == 1, output_1[-4000:]
+    assert f"rank 1 of 3: the rendezvous through file://{path} has not returned 10 s after its" in output_1, output_1[
+        -4000:
+    ]
     wait_until_gone(tmp_path, rendezvous_dir)
 
 
@@ -214,7 +262,9 @@ def assert_a_dead_rank_ends_the_job(tmp_path: Path, rendezvous_dir: Path, launch
             str(FIT_JOB),
             "--out",
             str(tmp_path / "out"),
-            *SHORT_FLAGS,
+            # A long timeout: the job must end because rank 1 died, not because a peer gave up waiting for it,
+            # nor because rank 1 started later than a short timeout on a loaded machine.
+            *LONG_TIMEOUT_FLAGS,
             "--init-method",
             f"file://{rendezvous_dir}/",
             "--die-at-step",
@@ -227,7 +277,7 @@ def assert_a_dead_rank_ends_the_job(tmp_path: Path, rendezvous_dir: Path, launch
         run_command, ["timeout", "150", *command], cwd=tmp_path, out_dir=tmp_path / "out", timeout=180, env=env
     )
     assert result.returncode not in (0, 124), result.output[-4000:]  # 124: the outer `timeout` had to stop it
-    assert elapsed < TIMEOUT_S + STARTUP_S
+    assert elapsed < STARTUP_S + 15, f"took {elapsed:.0f} s"
     assert result.ranks == {}, "no rank may finish the fit"
     assert re.search(DEATH_REPORTS[launcher], result.output), result.output[-4000:]
     wait_until_gone(tmp_path, rendezvous_dir)

@@ -4,8 +4,10 @@ torch honours the process-group timeout in most of its rendezvous waits, and the
 its error into a message naming the missing ranks. Not in all of them: in torch 2.13 a ``TCPStore`` client whose
 server's port is held by a process that never accepts (a stale or foreign listener on a ``tcp://`` or ``env://``
 port) waits forever whatever the timeout, and a ``FileStore`` reading a record that a killed writer cut short
-loops forever. torch releases the GIL while it waits there, so a timer thread can still act: if the rendezvous has
-not returned ``grace`` seconds after its timeout, it says so on stderr, naming where the ranks meet (the handler's
+loops forever. And the timeout bounds each wait, not the rendezvous: gloo waits for the ranks one after another,
+each wait with the whole timeout, so a rank arriving late pushes back the error about a rank that never does.
+torch releases the GIL while it waits, so a timer thread can still act: if the rendezvous has not returned
+``grace`` seconds after its timeout, it says so on stderr, naming where the ranks meet (the handler's
 ``location``) and the ranks still missing as far as the rendezvous can tell, and ends the process with exit code 1.
 A launcher then ends the job as for any failed rank; the ``file://`` janitor removes the rendezvous files. No code
 of the process runs after it: nothing else can end a thread that torch holds.
@@ -42,6 +44,19 @@ def stuck_message(rank: int, world_size: int, init_method: str, timeout: timedel
     """What a rank says before it ends itself; ``init_method`` is where the ranks really meet (the handler's
     ``location``: for ``file://`` and ``dir://``, inside this user's private directory).
 
+    Ranks known to be missing are the cause, whatever torch is doing meanwhile (waiting out a timeout restarted for
+    a rank that arrived late, or stuck): the message is a timeout naming them, as torch's own error would have been.
+
+    >>> print(stuck_message(0, 4, "file:///shared/ldh-uid-1000/run42", timedelta(seconds=15),
+    ...                     [2, 3]))  # doctest: +NORMALIZE_WHITESPACE
+    [lightning_dist_hooks] rank 0 of 4 timed out after 15 s waiting for the rendezvous through
+    file:///shared/ldh-uid-1000/run42; ranks that never arrived: [2, 3]. torch had not returned 10 s later (its wait
+    restarts for each rank that arrives, and some of its waits ignore the timeout): ending this process with exit
+    code 1, so that the launcher ends the job instead of waiting. Check that every rank was started and reaches
+    the same init_method.
+
+    Otherwise torch itself is stuck:
+
     >>> print(stuck_message(1, 2, "tcp://10.0.0.1:29500", timedelta(seconds=15),
     ...                     None))  # doctest: +NORMALIZE_WHITESPACE
     [lightning_dist_hooks] rank 1 of 2: the rendezvous through tcp://10.0.0.1:29500 has not returned 10 s after its
@@ -50,11 +65,15 @@ def stuck_message(rank: int, world_size: int, init_method: str, timeout: timedel
     waiting forever. Check that every rank reaches the same init method and, for tcp:// and env://, that no other
     process holds rank 0's port.
     """
-    who = (
-        "which ranks are missing cannot be known from this rank"
-        if missing is None
-        else f"ranks that never arrived: {missing}"
-    )
+    if missing:
+        return (
+            f"[lightning_dist_hooks] rank {rank} of {world_size} timed out after {timeout.total_seconds():g} s "
+            f"waiting for the rendezvous through {init_method}; ranks that never arrived: {missing}. torch had not "
+            f"returned {grace_s(timeout):g} s later (its wait restarts for each rank that arrives, and some of its "
+            f"waits ignore the timeout): ending this process with exit code {EXIT_CODE}, so that the launcher ends "
+            "the job instead of waiting. Check that every rank was started and reaches the same init_method."
+        )
+    who = "which ranks are missing cannot be known from this rank" if missing is None else "every rank has arrived"
     return (
         f"[lightning_dist_hooks] rank {rank} of {world_size}: the rendezvous through {init_method} has not "
         f"returned {grace_s(timeout):g} s after its {timeout.total_seconds():g} s timeout: it is stuck inside "
