@@ -8,19 +8,15 @@ backend needs is its transport's to say (:mod:`lightning_dist_hooks.transports`)
 from __future__ import annotations
 
 import difflib
-import os
 
 import torch
 import torch.distributed as dist
 
-from lightning_dist_hooks import mpi
-from lightning_dist_hooks.launcher_variables import LaunchSize, SizeMismatch
 from lightning_dist_hooks.transports import (
     backend_parts,
     register_backend_with_torch,
     registered_transports,
     transport_named,
-    transports_of,
 )
 
 # Names torch lists that are not for training: its placeholder, and its test backend that moves no data.
@@ -134,87 +130,3 @@ def check_backend_fits_devices(backend: str, uses_cuda: bool, *, given: str | No
             f"{flag} needs {served} devices, but this Trainer's accelerator is not CUDA. "
             "Use torch_dist_backend='gloo' for CPU training, or Trainer(accelerator='cuda')."
         )
-
-
-def backend_needs_mpi_launch(backend: str | None) -> bool:
-    """Whether a transport that ``backend`` (plain or composite) names needs its ranks started by an MPI launcher."""
-    return backend is not None and any(transport.needs_mpi_launch for transport in transports_of(backend))
-
-
-def _processes(count: int) -> str:
-    return f"{count} process{'' if count == 1 else 'es'}"
-
-
-def check_mpi_launch(
-    backend: str | None,
-    init_method: str | None,
-    needs_mpi_launch: bool,
-    num_devices: int,
-    num_nodes: int,
-    *,
-    given_backend: str | None = None,
-    devices_by_default: str | None = None,
-    owner: str = "Trainer",
-) -> None:
-    """An MPI backend, or an init method whose scheme ``needs_mpi_launch`` (``mpi://``), needs ranks started by an
-    MPI launcher, as many as the Trainer expects.
-
-    Checked from the launcher's environment variables (:func:`lightning_dist_hooks.mpi.detect_mpi_launch`), so
-    MPI is not initialised. Does nothing when neither the backend nor the init method needs MPI. For the messages:
-    ``given_backend`` is ``torch_dist_backend`` as the user wrote it; ``devices_by_default``, where the user left
-    ``devices`` at Lightning's default ``'auto'``, what that gave (e.g. ``"1 process per node on CPU"``); ``owner``
-    names the class (``Trainer``, ``Fabric``).
-    """
-    uses_backend = backend_needs_mpi_launch(backend)
-    if not uses_backend and not needs_mpi_launch:
-        return
-    flag = (
-        backend_flag(backend, given_backend)
-        if backend is not None and uses_backend
-        else f"torch_dist_init_method={init_method!r}"
-    )
-    expected = num_devices * num_nodes
-    launch = mpi.detect_mpi_launch()
-    if launch is None and "PMIX_RANK" in os.environ:
-        return  # a PMIx launcher (srun --mpi=pmix) exports the rank but no job size to compare with
-    if launch is None:
-        otherwise = "torch_dist_backend='gloo'" if uses_backend else "another init method, e.g. 'dir:///shared/rdzv/'"
-        raise ValueError(
-            f"{flag} needs every rank started by an MPI launcher, but this process was not (no variable of Open MPI, "
-            f"MPICH/Intel MPI, MVAPICH or PMIx is set). Start the script with `mpirun -n {expected} python ...` (or "
-            f"`srun --mpi=pmix --ntasks-per-node={num_devices} python ...` under SLURM), or use {otherwise}."
-        )
-    if SizeMismatch.WORLD_SIZE not in LaunchSize(launch.world_size).mismatches(num_devices, num_nodes):
-        return
-    if devices_by_default is not None:
-        raise ValueError(
-            f"{owner}(num_nodes={num_nodes}) leaves devices at its default ('auto': {devices_by_default}), which "
-            f"makes a world of {_processes(expected)}, but the MPI launcher started {launch.world_size} ({flag}). "
-            f"{_devices_fix(launch.world_size, launch.local_world_size, num_nodes, owner)}"
-        )
-    raise ValueError(
-        f"{owner}(devices={num_devices}, num_nodes={num_nodes}) makes a world of {_processes(expected)}, but the "
-        f"MPI launcher started {launch.world_size} ({flag}). Start the job with `mpirun -n {expected}`, or set "
-        f"devices x num_nodes to {launch.world_size}."
-    )
-
-
-def _devices_fix(world_size: int, ranks_per_node: int, num_nodes: int, owner: str) -> str:
-    """What to pass for ``devices`` (and ``num_nodes``) to match a launcher of ``world_size`` ranks, this node's
-    ``ranks_per_node`` of them (1 may only mean that the launcher does not say).
-
-    >>> _devices_fix(2, 2, 1, "Trainer")
-    "Pass devices=2, the launcher's ranks per node: Trainer(devices=2, num_nodes=1)."
-    >>> _devices_fix(8, 4, 1, "Fabric")
-    "Pass devices=4, the launcher's ranks per node, and num_nodes=2: Fabric(devices=4, num_nodes=2)."
-    >>> _devices_fix(6, 1, 2, "Trainer")
-    "Pass devices=N, N the launcher's ranks per node, with N x num_nodes = 6."
-    """
-    if ranks_per_node > 1 and world_size % ranks_per_node == 0:
-        nodes = world_size // ranks_per_node
-        also = f", and num_nodes={nodes}" if nodes != num_nodes else ""
-        return (
-            f"Pass devices={ranks_per_node}, the launcher's ranks per node{also}: "
-            f"{owner}(devices={ranks_per_node}, num_nodes={nodes})."
-        )
-    return f"Pass devices=N, N the launcher's ranks per node, with N x num_nodes = {world_size}."

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from lightning_dist_hooks import _lightning_internals
-from lightning_dist_hooks.backends import backend_flag, check_backend_fits_devices, check_mpi_launch, normalize_backend
+from lightning_dist_hooks.backends import backend_flag, check_backend_fits_devices, normalize_backend
 from lightning_dist_hooks.init_methods import (
     LIGHTNING_DEFAULT,
     InitMethod,
@@ -30,6 +30,8 @@ from lightning_dist_hooks.init_methods import (
     init_method_handler,
     validate_init_method,
 )
+from lightning_dist_hooks.mpi import check_mpi_launch
+from lightning_dist_hooks.transports import transports_of
 
 if TYPE_CHECKING:  # either Lightning package's; this module imports neither
     from lightning_dist_hooks._lightning_internals import ClusterEnvironment, Flavour
@@ -153,16 +155,15 @@ class BootstrapPlan:
                 flags.backend, flavour.is_cuda_accelerator(strategy.accelerator), given=flags.backend_as_given
             )
             _check_one_backend_given(flags, strategy)
-        check_mpi_launch(
-            flags.backend,
-            None if init_method is None else init_method.given,
-            (init_method or LIGHTNING_DEFAULT_INIT_METHOD).handler.needs_mpi_launch,
-            len(strategy.parallel_devices),
-            strategy.num_nodes,
-            given_backend=flags.backend_as_given,
-            devices_by_default=_what_auto_gave(strategy.parallel_devices) if devices_left_at_auto else None,
-            owner=owner,
-        )
+        needed_by = _what_needs_an_mpi_launch(flags, init_method)
+        if needed_by is not None:
+            check_mpi_launch(
+                *needed_by,
+                len(strategy.parallel_devices),
+                strategy.num_nodes,
+                devices_by_default=_what_auto_gave(strategy.parallel_devices) if devices_left_at_auto else None,
+                owner=owner,
+            )
         return cls(
             replace(flags, init_method=init_method),
             creates_process_group=True,
@@ -204,6 +205,16 @@ def devices_left_at_auto(kwargs: dict[str, Any]) -> bool:
     """
     devices = kwargs.get("devices", "auto")
     return isinstance(devices, str) and devices.strip().lower() == "auto"
+
+
+def _what_needs_an_mpi_launch(flags: Flags, init_method: InitMethodURL | None) -> tuple[str, str] | None:
+    """The flag whose transport or scheme needs its ranks started by an MPI launcher (``needs_mpi_launch``), as the
+    messages name it, and what to use instead; None when neither does."""
+    if flags.backend is not None and any(transport.needs_mpi_launch for transport in transports_of(flags.backend)):
+        return backend_flag(flags.backend, flags.backend_as_given), "torch_dist_backend='gloo'"
+    if init_method is not None and init_method.handler.needs_mpi_launch:
+        return f"torch_dist_init_method={init_method.given!r}", "another init method, e.g. 'dir:///shared/rdzv/'"
+    return None
 
 
 def _what_auto_gave(parallel_devices: list[Any]) -> str:

@@ -42,7 +42,6 @@ from lightning_dist_hooks import (
     register_launcher,
 )
 from lightning_dist_hooks._lightning_internals import PYTORCH_LIGHTNING
-from lightning_dist_hooks.backends import check_mpi_launch
 from lightning_dist_hooks.doctor.checks import check_launcher_layout
 from lightning_dist_hooks.doctor.facts import launcher_layout
 from lightning_dist_hooks.environment_plugin import with_detected_cluster_environment
@@ -528,8 +527,8 @@ def test_a_launcher_registered_by_its_table_gets_detection_the_size_checks_and_t
     with pytest.raises(ValueError, match=r"SiteMPIEnvironment: the launcher started 8 processes \(SITEMPI_SIZE=8\)"):
         cluster.validate_settings(num_devices=2, num_nodes=2)
     with pytest.raises(ValueError, match=r"makes a world of 4 processes, but the MPI launcher started 8"):
-        check_mpi_launch("mpi4py", None, False, 2, 2)
-    check_mpi_launch("mpi4py", None, False, 2, 4)
+        mpi.check_mpi_launch("torch_dist_backend='mpi4py'", "torch_dist_backend='gloo'", 2, 2)
+    mpi.check_mpi_launch("torch_dist_backend='mpi4py'", "torch_dist_backend='gloo'", 2, 4)
     layout = launcher_layout()
     assert layout is not None
     assert (layout.tasks_per_node, layout.nodes) == ([2], 4)

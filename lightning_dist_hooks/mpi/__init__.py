@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from lightning_dist_hooks.mpi._abort import note_failure
 from lightning_dist_hooks.mpi._doctor_checks import check_mpi4py, check_mpi_sockets
-from lightning_dist_hooks.mpi._launch import MpiLaunch, detect_mpi_launch, launched_by_mpi
+from lightning_dist_hooks.mpi._launch import MpiLaunch, check_mpi_launch, detect_mpi_launch, launched_by_mpi
 from lightning_dist_hooks.mpi._listeners import warn_if_ranks_listen_needlessly
 from lightning_dist_hooks.mpi._mpi import INSTALL_HINT, init_mpi
 from lightning_dist_hooks.mpi._process_group import BACKEND_NAME, MpiProcessGroup
@@ -50,6 +50,7 @@ __all__ = [
     "MpiStore",
     "backend_for_mpi",
     "check_mpi4py",
+    "check_mpi_launch",
     "check_mpi_sockets",
     "check_torch_for_the_transport",
     "detect_mpi_launch",
