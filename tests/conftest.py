@@ -11,10 +11,13 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import helpers
 import pytest
 from _pytest.doctest import DoctestItem
+from typing_extensions import override
+from xdist.scheduler import LoadScopeScheduling
 from cluster import cluster_down, cluster_up
 from helpers import FIT_JOB, REPO, JobResult, run_command
 
@@ -54,11 +57,41 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         )
 
 
-# pytest-xdist (pytest.ini: -n 4 --dist loadfile) runs the suite's files side by side, each file on one worker (its
-# module- and session-scoped fixtures, a job shared by a file's tests, run once). What the machine has once is handed
-# out by a fixture, and each such thing has a lock of the run: a test holds the lock of every one its fixtures reach,
-# so two tests that use the same one never overlap, whatever workers run them, and tests that use different ones (or
-# only their own namespaces, users or files) run side by side.
+# pytest-xdist (pytest.ini: -n 4) hands each test to whichever worker is free: most slow tests wait (on a timeout, a
+# late peer, a launcher), so a file's waits overlap with other tests' work instead of adding up on one worker. These
+# files run whole on one worker:
+WHOLE_FILES = {
+    # module-scoped jobs that the file's tests share, started once
+    "test_mpi_backend.py",
+    "test_mpi_store.py",
+    "test_torch_backend_suite.py",
+    "test_torch_store_contract.py",
+    # the session fixture ``users`` opens the checkout to the test users for the worker's run and closes it at the end
+    "test_security.py",
+    # every test needs the one emulated cluster, one at a time, and its session fixture takes the cluster down at the
+    # end of the worker's run
+    "test_multinode.py",
+}
+
+
+class WholeFilesThenTestByTest(LoadScopeScheduling):
+    """xdist's scheduling by scope, a scope being a whole file for ``WHOLE_FILES`` and one test otherwise; scopes
+    start largest first, so the whole files start at once. (``--dist loadgroup`` with ``xdist_group`` marks would say
+    the same, but xdist 3.8 groups by rewriting a private node id that pytest 9.2 no longer reads.)"""
+
+    @override
+    def _split_scope(self, nodeid: str) -> str:
+        path = nodeid.split("::", 1)[0]
+        return path if Path(path).name in WHOLE_FILES else nodeid
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> WholeFilesThenTestByTest:
+    return WholeFilesThenTestByTest(config, log)
+
+
+# What the machine has once is handed out by a fixture, and each such thing has a lock of the run: a test holds the
+# lock of every one its fixtures reach, so two tests that use the same one never overlap, whatever workers run them,
+# and tests that use different ones (or only their own namespaces, users or files) run side by side.
 SHARED_BY_FIXTURE = {
     "slurm_cluster": "test-slurm",  # one SLURM of 2 CPUs: a second job would queue behind the first one's timeout
     "emulated_cluster": "emulated-cluster",  # its namespaces, bridge and 2-node SLURM

@@ -17,7 +17,7 @@ from test_mpi_store import needs_mpi_store
 from lightning_dist_hooks.mpi._rendezvous import MPI_START_UP
 
 TIMEOUT_S = 20  # the process group's; the rendezvous may take 10 s more (wait_schedule.grace_s), then ends
-LATE_S = 12  # past the first report (10 s), within the timeout
+LATE_S = 12  # after rank 0 begins to wait: past its first report (10 s), within the timeout
 
 
 def timed_job(*args: str) -> tuple[float, MpiJob]:
@@ -29,10 +29,10 @@ def timed_job(*args: str) -> tuple[float, MpiJob]:
 @pytest.mark.slow
 @pytest.mark.mpi
 @needs_mpi_store
-def test_a_late_rank_is_reported_while_mpi_starts_and_a_missing_one_ends_the_job_naming_the_phase() -> None:
+def test_a_late_rank_is_reported_while_mpi_starts_and_a_missing_one_ends_the_job_naming_the_phase(tmp_path) -> None:
     with ThreadPoolExecutor(max_workers=2) as pool:
-        late = pool.submit(timed_job, "1", str(LATE_S), str(TIMEOUT_S))
-        never = pool.submit(timed_job, "1", "-1", str(TIMEOUT_S))
+        late = pool.submit(timed_job, "1", str(LATE_S), str(TIMEOUT_S), str(tmp_path / "late-waits"))
+        never = pool.submit(timed_job, "1", "-1", str(TIMEOUT_S), str(tmp_path / "never-waits"))
         (_, late_job), (never_s, never_job) = late.result(), never.result()
 
     # Late: rank 0 said at 10 s that it waits in MPI's start-up, with what the launcher told it; then both trained.

@@ -255,10 +255,11 @@ def run_victim_ranks(
     base: Path,
     url: str,
     ranks: list[int],
-    attacker_rank_url: str | None = None,
+    attacker_store: Path | None = None,
     limit_s: float = TIMEOUT_S + STARTUP_S + 30,
 ) -> Run:
-    """The victim's ranks (and, if given, the attacker's process playing rank 1); killed after ``limit_s``."""
+    """The victim's ranks (and, if given, the attacker's process playing rank 1 through torch's own ``FileStore`` at
+    ``attacker_store``); killed after ``limit_s``."""
     work = base / f"home-{VICTIM}"
     out = work / "out"
     processes, logs = [], []
@@ -275,14 +276,14 @@ def run_victim_ranks(
             )
         )
     attacker = None
-    if attacker_rank_url is not None:
+    if attacker_store is not None:
         home = base / f"home-{ATTACKER}"
         attacker = users.popen(
             ATTACKER,
-            [sys.executable, str(FIT_JOB), "--out", str(home / "out"), "--init-method", attacker_rank_url, *FIT_FLAGS],
+            [sys.executable, "-c", ATTACKER_RANK_1, str(attacker_store)],
             home,
             home / "rank1.log",
-            {**victim_flux_rank(1, base), "HOME": str(home)},
+            job_environment(HOME=str(home)),
         )
     try:
         returncodes = [process.wait(timeout=max(1.0, limit_s - (time.monotonic() - started))) for process in processes]
@@ -294,7 +295,23 @@ def run_victim_ranks(
             process.kill()
             process.wait(timeout=30)
     output = "\n".join(f"===== {log.name}\n{log.read_text()[-4000:]}" for log in logs)
+    if attacker is not None:
+        attacker_log = (base / f"home-{ATTACKER}" / "rank1.log").read_text()
+        assert ATTACKER_JOINED not in attacker_log, f"the attacker's rank 1 joined the victim's group:\n{output}"
     return Run(max(returncodes, key=abs), output, elapsed, out)
+
+
+# The attacker's rank 1: no Lightning and no lightning_dist_hooks (whose own checks would keep it out of the file),
+# only torch's FileStore on the file it planted where the victim's rank 0 would meet, as an attacker would write it.
+ATTACKER_JOINED = "the attacker joined"
+ATTACKER_RANK_1 = f"""
+import datetime, sys
+import torch.distributed as dist
+dist.init_process_group(
+    "gloo", init_method="file://" + sys.argv[1], rank=1, world_size=2, timeout=datetime.timedelta(seconds={TIMEOUT_S})
+)
+print({ATTACKER_JOINED!r}, flush=True)
+"""
 
 
 def assert_refused(run: Run, named_path: Path, owner: str | None) -> None:
@@ -326,7 +343,8 @@ def test_a_file_planted_at_the_predicted_name_never_joins_the_victims_job(
     url, name = victim_url(shared, path_kind, scheme)
     private = private_directory(users, shared)
     # The attacker pre-creates the file, mode 0666, where the victim's job will look for it (in the shared
-    # directory itself, and in the victim's per-user directory, whose name holds the public uid), then plays rank 1.
+    # directory itself, and in the victim's per-user directory, whose name holds the public uid), then plays rank 1
+    # through the file in the per-user directory, where the victim's rank 0 would meet.
     plant(
         users,
         base,
@@ -340,7 +358,7 @@ def test_a_file_planted_at_the_predicted_name_never_joins_the_victims_job(
             os.chmod(os.path.join(directory, {name!r}), 0o666)
     """,
     )
-    run = run_victim_ranks(users, base, url, [0], attacker_rank_url=f"{scheme}://{shared}/{name}")
+    run = run_victim_ranks(users, base, url, [0], attacker_store=private / name)
     refused = shared if directory_kind == "attacker-owned" else private
     assert_refused(run, refused, ATTACKER)
 
