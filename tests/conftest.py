@@ -16,10 +16,10 @@ from typing import Any
 import helpers
 import pytest
 from _pytest.doctest import DoctestItem
-from typing_extensions import override
-from xdist.scheduler import LoadScopeScheduling
 from cluster import cluster_down, cluster_up
 from helpers import FIT_JOB, REPO, JobResult, run_command
+from typing_extensions import override
+from xdist.scheduler import LoadScopeScheduling
 
 # Scripts that the tests run as jobs (under mpirun, or as a rank): --doctest-modules must not import them here.
 collect_ignore = ["jobs", "mpi"]
