@@ -42,8 +42,15 @@ TIMEOUT_S = 15
 STARTUP_S = 45
 # A long process-group timeout, for failures that must end the job without waiting for it.
 LONG_TIMEOUT_S = 300
-SHORT_FLAGS = ["--strategy", "ddp-instance", "--timeout", str(TIMEOUT_S), "--backend", "gloo"]
-LONG_TIMEOUT_FLAGS = ["--strategy", "ddp-instance", "--timeout", str(LONG_TIMEOUT_S), "--backend", "gloo"]
+
+
+def job_flags(timeout_s: float) -> list[str]:
+    """A gloo job under a DDPStrategy instance, with a process-group timeout of ``timeout_s``."""
+    return ["--strategy", "ddp-instance", "--timeout", f"{timeout_s:g}", "--backend", "gloo"]
+
+
+SHORT_FLAGS = job_flags(TIMEOUT_S)
+LONG_TIMEOUT_FLAGS = job_flags(LONG_TIMEOUT_S)
 
 
 def flux_task(rank: int, size: int, job_id: str) -> dict[str, str]:
@@ -168,8 +175,7 @@ def test_a_rank_arriving_late_does_not_push_back_the_timeout_for_one_that_never_
     # rank 0 ended (a launcher would stop it at once; none runs here): its own deadline ends it.
     timeout_s = 30
     url = f"file://{rendezvous_dir}/late"
-    flags = [*LONG_TIMEOUT_FLAGS, "--devices", "3", "--init-method", url]
-    flags[flags.index("--timeout") + 1] = str(timeout_s)
+    flags = [*job_flags(timeout_s), "--devices", "3", "--init-method", url]
     logs = [tmp_path / f"rank{rank}.log" for rank in (0, 1)]
 
     def start(rank: int) -> subprocess.Popen:

@@ -137,9 +137,8 @@ def test_the_generic_layers_import_no_transport():
             for alias in node.names
         }
         from_mpi = {name for name in imported if ".mpi" in name}
-        assert from_mpi == (
-            {"lightning_dist_hooks.mpi.check_mpi_launch"} if path.name == "bootstrap_plan.py" else set()
-        )
+        expected = {"lightning_dist_hooks.mpi.check_mpi_launch"} if path.name == "bootstrap_plan.py" else set()
+        assert from_mpi == expected, path
         assert "MPI_BACKENDS" not in path.read_text(), path
         assert not re.search(r"\bmpi\.", path.read_text()), path
 

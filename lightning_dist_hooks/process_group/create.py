@@ -20,7 +20,7 @@ from lightning_dist_hooks.hooks import takes_device_id
 from lightning_dist_hooks.init_methods import InitMethod, Rendezvous, diagnostics_of, prepare_rendezvous
 from lightning_dist_hooks.listening_sockets import attributing_new_sockets
 from lightning_dist_hooks.process_group.progress import missing_ranks_query, rendezvous_progress
-from lightning_dist_hooks.process_group.rendezvous_deadline import rendezvous_deadline
+from lightning_dist_hooks.process_group.rendezvous_deadline import rendezvous_deadline, timed_out
 from lightning_dist_hooks.transports import CreatedGroup, transports_taking_part
 
 # Runs before multiprocessing's own exit handlers of lower priority; the value only orders finalizers.
@@ -80,10 +80,10 @@ def create_process_group(strategy: Any, plan: BootstrapPlan, hook: Callable[...,
             )
     except Exception as error:
         if _is_rendezvous_timeout(error, time.monotonic() - started, timeout):
+            who = handler.missing_ranks(rendezvous, world_size, error)
             raise DistributedSetupError(
-                f"rank {rank} of {world_size} timed out after {timeout.total_seconds():g} s waiting for the "
-                f"rendezvous through {location}; {handler.missing_ranks(rendezvous, world_size, error)}. "
-                "Check that every rank was started and reaches the same init_method (torch says: "
+                f"{timed_out(rank, world_size, location, timeout, who)}. Check that every rank was started and "
+                "reaches the same init_method (torch says: "
                 f"{type(error).__name__}: {error})"
             ) from error
         raise DistributedSetupError(

@@ -40,6 +40,21 @@ def print_to_stderr(message: str) -> None:
 report_stuck: Callable[[str], None] = print_to_stderr
 
 
+def timed_out(rank: int, world_size: int, init_method: str, timeout: timedelta, who: str) -> str:
+    """How a rendezvous timeout begins, whether torch raised it (``create_process_group``) or the deadline saw it;
+    ``who``: the missing ranks, as far as this rank can tell.
+
+    >>> print(timed_out(0, 2, "tcp://10.0.0.1:29500", timedelta(seconds=15),
+    ...                 "ranks that never arrived: [1]"))  # doctest: +NORMALIZE_WHITESPACE
+    rank 0 of 2 timed out after 15 s waiting for the rendezvous through tcp://10.0.0.1:29500; ranks that never
+    arrived: [1]
+    """
+    return (
+        f"rank {rank} of {world_size} timed out after {timeout.total_seconds():g} s waiting for the rendezvous "
+        f"through {init_method}; {who}"
+    )
+
+
 def stuck_message(rank: int, world_size: int, init_method: str, timeout: timedelta, missing: list[int] | None) -> str:
     """What a rank says before it ends itself; ``init_method`` is where the ranks really meet (the handler's
     ``location``: for ``file://`` and ``dir://``, inside this user's private directory).
@@ -67,9 +82,9 @@ def stuck_message(rank: int, world_size: int, init_method: str, timeout: timedel
     """
     if missing:
         return (
-            f"[lightning_dist_hooks] rank {rank} of {world_size} timed out after {timeout.total_seconds():g} s "
-            f"waiting for the rendezvous through {init_method}; ranks that never arrived: {missing}. torch had not "
-            f"returned {grace_s(timeout):g} s later (its wait restarts for each rank that arrives, and some of its "
+            f"[lightning_dist_hooks] "
+            f"{timed_out(rank, world_size, init_method, timeout, f'ranks that never arrived: {missing}')}. torch had "
+            f"not returned {grace_s(timeout):g} s later (its wait restarts for each rank that arrives, and some of its "
             f"waits ignore the timeout): ending this process with exit code {EXIT_CODE}, so that the launcher ends "
             "the job instead of waiting. Check that every rank was started and reaches the same init_method."
         )
