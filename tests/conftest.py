@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import os
 import shutil
 import socket
@@ -18,6 +17,7 @@ import pytest
 from _pytest.doctest import DoctestItem
 from cluster import cluster_down, cluster_up
 from helpers import FIT_JOB, REPO, JobResult, run_command
+from run_locks import holding, restore_everything_recorded, shared_run_directory
 from typing_extensions import override
 from xdist.scheduler import LoadScopeScheduling
 
@@ -66,8 +66,6 @@ WHOLE_FILES = {
     "test_mpi_store.py",
     "test_torch_backend_suite.py",
     "test_torch_store_contract.py",
-    # the session fixture ``users`` opens the checkout to the test users for the worker's run and closes it at the end
-    "test_security.py",
     # every test needs the one emulated cluster, one at a time, and its session fixture takes the cluster down at the
     # end of the worker's run
     "test_multinode.py",
@@ -84,6 +82,17 @@ class WholeFilesThenTestByTest(LoadScopeScheduling):
         path = nodeid.split("::", 1)[0]
         return path if Path(path).name in WHOLE_FILES else nodeid
 
+    @override
+    def _assign_work_unit(self, node: Any) -> None:
+        super()._assign_work_unit(node)
+        if not self.workqueue and (announce := os.environ.get(ALL_HANDED_OUT_VARIABLE)):
+            Path(announce).touch()
+
+
+# A file the run touches once its last test is handed to a worker: from then on fewer tests run than workers, and
+# .ci/run starts its other checks beside them.
+ALL_HANDED_OUT_VARIABLE = "LDH_TESTS_ALL_HANDED_OUT"
+
 
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> WholeFilesThenTestByTest:
     return WholeFilesThenTestByTest(config, log)
@@ -91,43 +100,14 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> WholeFilesTh
 
 # What the machine has once is handed out by a fixture, and each such thing has a lock of the run: a test holds the
 # lock of every one its fixtures reach, so two tests that use the same one never overlap, whatever workers run them,
-# and tests that use different ones (or only their own namespaces, users or files) run side by side.
+# and tests that use different ones (or only their own namespaces, users or files) run side by side (the locks:
+# tests/run_locks.py). Other fixtures take their lock themselves, for less than a whole test: ``users``
+# (test_security.py) only while it runs useradd, which fails while another holds /etc/passwd's lock;
+# ``protections`` (test_security.py) shares its sysctl settings with the tests that want them the same way.
 SHARED_BY_FIXTURE = {
     "slurm_cluster": "test-slurm",  # one SLURM of 2 CPUs: a second job would queue behind the first one's timeout
     "emulated_cluster": "emulated-cluster",  # its namespaces, bridge and 2-node SLURM
-    "protections": "sysctl",  # fs.protected_regular and fs.protected_symlinks are the machine's settings
-    "users": "users",  # useradd takes /etc/passwd's lock and fails while another holds it
 }
-
-
-def _shared_run_directory(config: pytest.Config) -> Path:
-    """A directory of this test run that its workers share: pytest's base temporary directory of the run (mode 0700,
-    this user's), of which each xdist worker's own is a subdirectory."""
-    base = config._tmp_path_factory.getbasetemp()  # type: ignore[attr-defined]  # pytest's, public as tmp_path_factory
-    return base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
-
-
-_holds: dict[str, int] = {}  # lock name -> how many holds this worker has now (a test's, then its fixture's)
-
-
-@contextlib.contextmanager
-def holding(config: pytest.Config, name: str) -> Iterator[None]:
-    """Hold the run's lock ``name``: no other test of this run that needs it runs meanwhile. Re-entrant within a
-    worker: a test holds it while a session fixture it needs first (the test SLURM) takes it again."""
-    if _holds.get(name):
-        _holds[name] += 1
-        try:
-            yield
-        finally:
-            _holds[name] -= 1
-        return
-    with (_shared_run_directory(config) / f"{name}.lock").open("a") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
-        _holds[name] = 1
-        try:
-            yield
-        finally:
-            _holds[name] = 0
 
 
 @pytest.fixture(autouse=True)
@@ -142,10 +122,11 @@ def _one_test_at_a_time_per_shared_resource(request: pytest.FixtureRequest) -> I
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
     """In the run's controller: stop the test SLURM if a worker of this run started it (workers leave it running,
-    as another worker may still use it)."""
+    as another worker may still use it), and put back what tests changed of the machine (run_locks.py)."""
     if os.environ.get("PYTEST_XDIST_WORKER") or not hasattr(session.config, "_tmp_path_factory"):
         return
-    if (_shared_run_directory(session.config) / SLURM_STARTED).exists():
+    restore_everything_recorded(session.config)
+    if (shared_run_directory(session.config) / SLURM_STARTED).exists():
         subprocess.run(["bash", str(REPO / ".ci" / "slurm-down.sh")], capture_output=True, timeout=120)
 
 
@@ -288,7 +269,7 @@ def slurm_cluster(request: pytest.FixtureRequest):
         up = subprocess.run(["bash", str(REPO / ".ci" / "slurm-up.sh")], capture_output=True, text=True, timeout=120)
     assert up.returncode == 0, f".ci/slurm-up.sh failed:\n{up.stdout}\n{up.stderr}"
     if started_here and os.environ.get("PYTEST_XDIST_WORKER"):
-        (_shared_run_directory(request.config) / SLURM_STARTED).touch()  # the controller stops it at the end
+        (shared_run_directory(request.config) / SLURM_STARTED).touch()  # the controller stops it at the end
         started_here = False
     yield state_dir
     if started_here:

@@ -490,7 +490,9 @@ def test_a_node_that_never_starts_is_named_by_rank_0(cluster, tmp_path, rendezvo
     assert result.returncode not in (0, 124), result.output[-4000:]
     assert elapsed < FAULT_TIMEOUT_S + MARGIN_S
     assert "rank 0 of 4 timed out after 15 s" in result.output, result.output[-4000:]
-    assert "ranks that never arrived: [2, 3]" in result.output, result.output[-4000:]
+    # Node 1's ranks, and rank 1 too where its start (a second Python importing torch and Lightning on a loaded
+    # machine) took longer than the timeout.
+    assert re.search(r"ranks that never arrived: \[(1, )?2, 3\]", result.output), result.output[-4000:]
     assert sorted(rendezvous_dir.iterdir()) == []
 
 

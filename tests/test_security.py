@@ -31,6 +31,7 @@ from pathlib import Path
 
 import pytest
 from helpers import FIT_JOB, REPO, Rank, job_environment
+from run_locks import holding, holding_shared, record_file_contents, record_mode, restore
 
 from lightning_dist_hooks.init_methods import FileInitMethod, rendezvous_file_for_job
 
@@ -148,38 +149,43 @@ class Users:
 
 
 @pytest.fixture(scope="session")
-def users():
-    for name in (VICTIM, ATTACKER):
-        _ensure_user(name)
-    subprocess.run(["groupadd", "-f", PROJECT_GROUP], check=True)
-    for name in (VICTIM, ATTACKER):
-        subprocess.run(["usermod", "-aG", PROJECT_GROUP, name], check=True)
+def users(request):
+    with holding(request.config, "users"):  # useradd fails while another holds /etc/passwd's lock
+        for name in (VICTIM, ATTACKER):
+            _ensure_user(name)
+        subprocess.run(["groupadd", "-f", PROJECT_GROUP], check=True)
+        for name in (VICTIM, ATTACKER):
+            subprocess.run(["usermod", "-aG", PROJECT_GROUP, name], check=True)
+        # A clone made in a private directory (mktemp -d, as CI may) is opened to others for the run; the run's
+        # controller closes it again at the end (conftest.py), when no worker needs it any more.
+        record_mode(request.config, "checkout", REPO)
+        REPO.chmod(stat.S_IMODE(REPO.stat().st_mode) | 0o055)
     stage = Path(tempfile.mkdtemp(prefix="ldh-security-stage-"))
-    # A clone made in a private directory (mktemp -d, as CI may) is opened to others for the run, then closed again.
-    checkout_mode = stat.S_IMODE(REPO.stat().st_mode)
-    REPO.chmod(checkout_mode | 0o055)
     try:
         users = Users(stage)
         probe = users.python(VICTIM, "import torch, pytorch_lightning, lightning_dist_hooks", Path("/"))
         assert probe.returncode == 0, f"{VICTIM} cannot run this interpreter and checkout:\n{probe.stderr[-3000:]}"
         yield users
     finally:
-        REPO.chmod(checkout_mode)
         shutil.rmtree(stage, ignore_errors=True)
 
 
 @pytest.fixture(params=["sysctl-zero", "sysctl-defaults"])
 def protections(request):
-    """fs.protected_regular and fs.protected_symlinks at 0 (NFS, Lustre) or the distribution's defaults."""
+    """fs.protected_regular and fs.protected_symlinks at 0 (NFS, Lustre) or the distribution's defaults; tests that
+    want the same run side by side (run_locks.holding_shared)."""
     settings = dict.fromkeys(DISTRIBUTION_DEFAULTS, "0") if request.param == "sysctl-zero" else DISTRIBUTION_DEFAULTS
-    saved = {name: Path(f"/proc/sys/fs/{name}").read_text().strip() for name in settings}
-    try:
-        for name, value in settings.items():
-            Path(f"/proc/sys/fs/{name}").write_text(value)
+    files = {Path(f"/proc/sys/fs/{name}"): value for name, value in settings.items()}
+
+    def set_them() -> None:
+        record_file_contents(request.config, "sysctl", list(files))
+        for path, value in files.items():
+            path.write_text(value)
+
+    with holding_shared(request.config, "sysctl", request.param, set_them, lambda: restore(request.config, "sysctl")):
         yield settings
-    finally:
-        for name, value in saved.items():
-            Path(f"/proc/sys/fs/{name}").write_text(value)
+        now = {path.name: path.read_text().strip() for path in files}
+        assert now == settings, f"{now} at the end of the test, not {settings}: the run's sysctl lock did not hold"
 
 
 @pytest.fixture
