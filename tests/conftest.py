@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import itertools
 import os
 import shutil
 import socket
@@ -55,6 +56,21 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             "or @pytest.mark.slow (starts processes), and a unit test needs nothing of the machine (pytest.ini, "
             "markers; tests/conftest.py):\n  " + "\n  ".join(problems)
         )
+    items[:] = in_the_order_workers_take_them(items)
+
+
+def in_the_order_workers_take_them(items: list[pytest.Item]) -> list[pytest.Item]:
+    """The slow tests first, one of each file in turn, then the unit tests. Neighbours in the queue run at the same
+    time on different workers: taking the files in turn mixes tests that mostly wait (the doctor's, the emulated
+    nodes') with tests that keep both cores busy (the attacks of test_security.py), where in file order whole minutes
+    would be of one kind; the unit tests, seconds in all, come last so that the workers end together. A file keeps
+    its own order (its module-scoped fixtures, its parameters)."""
+    slow_by_file: dict[Path, list[pytest.Item]] = {}
+    for item in items:
+        if item.get_closest_marker("unit") is None:
+            slow_by_file.setdefault(item.path, []).append(item)
+    in_turn = [item for turn in itertools.zip_longest(*slow_by_file.values()) for item in turn if item is not None]
+    return in_turn + [item for item in items if item.get_closest_marker("unit") is not None]
 
 
 # pytest-xdist (pytest.ini: -n 4) hands each test to whichever worker is free: most slow tests wait (on a timeout, a
@@ -81,17 +97,6 @@ class WholeFilesThenTestByTest(LoadScopeScheduling):
     def _split_scope(self, nodeid: str) -> str:
         path = nodeid.split("::", 1)[0]
         return path if Path(path).name in WHOLE_FILES else nodeid
-
-    @override
-    def _assign_work_unit(self, node: Any) -> None:
-        super()._assign_work_unit(node)
-        if not self.workqueue and (announce := os.environ.get(ALL_HANDED_OUT_VARIABLE)):
-            Path(announce).touch()
-
-
-# A file the run touches once its last test is handed to a worker: from then on fewer tests run than workers, and
-# .ci/run starts its other checks beside them.
-ALL_HANDED_OUT_VARIABLE = "LDH_TESTS_ALL_HANDED_OUT"
 
 
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> WholeFilesThenTestByTest:
