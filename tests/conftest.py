@@ -98,6 +98,17 @@ class WholeFilesThenTestByTest(LoadScopeScheduling):
         path = nodeid.split("::", 1)[0]
         return path if Path(path).name in WHOLE_FILES else nodeid
 
+    @override
+    def _assign_work_unit(self, node: Any) -> None:
+        super()._assign_work_unit(node)
+        if not self.workqueue and (announce := os.environ.get(ALL_HANDED_OUT_VARIABLE)):
+            Path(announce).touch()
+
+
+# A file the run touches once its last test is handed to a worker: from then on fewer tests run than workers, and
+# .ci/run starts its other checks beside them.
+ALL_HANDED_OUT_VARIABLE = "LDH_TESTS_ALL_HANDED_OUT"
+
 
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> WholeFilesThenTestByTest:
     return WholeFilesThenTestByTest(config, log)
