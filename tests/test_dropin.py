@@ -23,12 +23,14 @@ pytestmark = pytest.mark.compat
 @pytest.mark.parametrize(
     ("strategy", "devices", "stages", "package"),
     # ddp_spawn starts new processes for every stage, so it runs fewer of them to keep the suite fast; the
-    # lightning package runs the ddp case, which has every stage.
+    # lightning package runs the ddp case, which has every stage. One device creates no process group (nothing of
+    # torch's differs between the Trainers), and the lightning package's ddp differs from pytorch_lightning's only on
+    # Lightning's side: both are lightning_only.
     [
-        ("auto", 1, "fit,validate,test,predict", "pytorch_lightning"),
+        pytest.param("auto", 1, "fit,validate,test,predict", "pytorch_lightning", marks=pytest.mark.lightning_only),
         ("ddp", 2, "fit,validate,test,predict", "pytorch_lightning"),
         ("ddp_spawn", 2, "fit,test", "pytorch_lightning"),
-        ("ddp", 2, "fit,validate,test,predict", "lightning"),
+        pytest.param("ddp", 2, "fit,validate,test,predict", "lightning", marks=pytest.mark.lightning_only),
     ],
     ids=["1-device", "ddp", "ddp_spawn", "ddp-lightning"],
 )

@@ -14,8 +14,9 @@ import torch
 import yaml
 from helpers import BOTH, REPO, both_packages, job_environment, run_command
 
-# Part of the fast subset .ci/compat runs at the ends of the supported version ranges.
-pytestmark = pytest.mark.compat
+# Part of the fast subset .ci/compat runs at the ends of the supported version ranges. What it checks (the CLI's
+# parsing, help and config reaching our Trainer) is Lightning's and jsonargparse's: lightning_only.
+pytestmark = [pytest.mark.compat, pytest.mark.lightning_only]
 
 CLI_JOB = REPO / "tests" / "jobs" / "cli_job.py"
 
