@@ -5,7 +5,9 @@ Two runs, each one ``mpirun`` job running every test of torch's class in order: 
 on its MPI backend) and under gloo's skip set (the CPU tests torch runs on gloo and never ran on MPI). torch's
 profiled tests count: the transport is on torch's lists of backends whose events those tests check. Every test runs
 (about 90 of torch's 285 per mode; the rest need GPUs or skip for the mode, as they do on torch's CI), each under a
-60 s timeout; the two jobs take about 20 s each on 2 cores, so CI runs them all rather than a selection.
+60 s timeout; the two jobs take about 20 s each on 2 idle cores (one to a minute and a half beside the rest of the
+suite), so CI runs them all rather than a selection. torch's file barrier between a test's steps waits at least 40 s
+here, not its 10 s (tests/mpi/torch_backend_suite.py says why).
 
 What is expected to differ, and why, is the table below; everything else must pass.
 """
